@@ -1,0 +1,142 @@
+"""The six knobs of a collection layout (:class:`Config`) and their rules.
+
+Example:
+    >>> from auturi import Config
+    >>> c = Config(num_actors=2, envs_per_actor=8, env_parallel_degree=4,
+    ...            policies_per_actor=2, policy_batch_size=4)
+    >>> c.num_envs
+    16
+    >>> Config.from_json(c.to_json()) == c
+    True
+    >>> print(Config.serial(16))
+    actors=1 x envs=16 | env_degree=1 | policies=1@cpu batch=16
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from auturi.errors import ConfigError
+
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the layout space. Every field is validated on construction.
+
+    The total number of envs is ``num_actors * envs_per_actor``; env ``i`` belongs to
+    actor ``i // envs_per_actor``. No knob changes the data the learner receives.
+    """
+
+    num_actors: int = 1
+    """Independent collection loops, each owning its envs and policy replicas (>= 1)."""
+    envs_per_actor: int = 1
+    """Envs owned by one actor (>= 1)."""
+    env_parallel_degree: int = 1
+    """Env worker processes inside an actor; each steps ``envs_per_actor / degree`` envs in
+    turn. 1 = the envs step in the actor's own process. Must divide ``envs_per_actor``."""
+    policies_per_actor: int = 1
+    """Policy replicas inside an actor (1 .. envs_per_actor). 1 = inference runs in the
+    actor's own process; more = that many inference worker processes."""
+    policy_device: str = "cpu"
+    """Where the replicas run: ``cpu``, ``cuda`` or ``cuda:k``."""
+    policy_batch_size: int = field(default=0)
+    """The most observations a replica takes in one forward pass (1 .. envs_per_actor);
+    0 means ``envs_per_actor``. A smaller batch is sent when waiting could not fill it."""
+
+    def __post_init__(self) -> None:
+        for knob in ("num_actors", "envs_per_actor", "env_parallel_degree", "policies_per_actor"):
+            v = getattr(self, knob)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(knob, v, "must be an integer >= 1")
+        if self.envs_per_actor % self.env_parallel_degree:
+            raise ConfigError(
+                "env_parallel_degree", self.env_parallel_degree,
+                f"must divide envs_per_actor={self.envs_per_actor} so each env worker "
+                f"steps the same number of envs",
+            )
+        if self.policies_per_actor > self.envs_per_actor:
+            raise ConfigError(
+                "policies_per_actor", self.policies_per_actor,
+                f"must be <= envs_per_actor={self.envs_per_actor}: a replica with no env "
+                f"to serve would sit idle",
+            )
+        b = self.policy_batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or b > self.envs_per_actor:
+            raise ConfigError(
+                "policy_batch_size", b,
+                f"must be an integer in 1..envs_per_actor={self.envs_per_actor} "
+                f"(or 0 for envs_per_actor)",
+            )
+        if b == 0:
+            object.__setattr__(self, "policy_batch_size", self.envs_per_actor)
+        if not isinstance(self.policy_device, str) or not _DEVICE_RE.match(self.policy_device):
+            raise ConfigError("policy_device", self.policy_device, "must be 'cpu', 'cuda' or 'cuda:k'")
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def num_envs(self) -> int:
+        """Total envs across all actors."""
+        return self.num_actors * self.envs_per_actor
+
+    @property
+    def envs_per_worker(self) -> int:
+        """Envs stepped in turn by one env worker (or by the actor when degree is 1)."""
+        return self.envs_per_actor // self.env_parallel_degree
+
+    @property
+    def is_serial(self) -> bool:
+        """True when everything runs in the caller's process with no IPC."""
+        return self.num_actors == 1 and self.env_parallel_degree == 1 and self.policies_per_actor == 1
+
+    @property
+    def num_processes(self) -> int:
+        """Processes this config starts besides the caller's."""
+        actors = self.num_actors if self.num_actors > 1 else 0
+        envs = self.env_parallel_degree if self.env_parallel_degree > 1 else 0
+        pols = self.policies_per_actor if self.policies_per_actor > 1 else 0
+        return actors + self.num_actors * (envs + pols)
+
+    def actor_env_ids(self, actor: int) -> range:
+        """Global ids of the envs actor ``actor`` owns."""
+        return range(actor * self.envs_per_actor, (actor + 1) * self.envs_per_actor)
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def serial(cls, num_envs: int, policy_device: str = "cpu") -> "Config":
+        """The DummyVecEnv point: one actor, envs in-process, one policy, batch of all."""
+        return cls(num_actors=1, envs_per_actor=num_envs, policy_device=policy_device)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with some knobs changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], d[sorted(unknown)[0]], f"is not a knob; knobs are {sorted(known)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> "Config":
+        return cls.from_dict(json.loads(s))
+
+    def __str__(self) -> str:
+        return (
+            f"actors={self.num_actors} x envs={self.envs_per_actor} | "
+            f"env_degree={self.env_parallel_degree} | "
+            f"policies={self.policies_per_actor}@{self.policy_device} batch={self.policy_batch_size}"
+        )

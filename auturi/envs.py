@@ -1,0 +1,190 @@
+"""Where envs come from, and the test envs that stand in for real simulators.
+
+An executor takes ``env`` as a gymnasium id (``"CartPole-v1"``), an EnvPool id
+(``"envpool:Pong-v5"``), one ``Callable[[], gymnasium.Env]`` used for every env, or a list of
+them, one per env. :func:`resolve_env_fns` turns the first, third and fourth into one factory per
+env; factories travel to worker processes with cloudpickle, so lambdas work.
+
+This module must not import torch: env workers import it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence, Union
+
+import gymnasium as gym
+import numpy as np
+
+EnvFn = Callable[[], gym.Env]
+EnvLike = Union[str, EnvFn, Sequence[EnvFn]]
+
+ENVPOOL_PREFIX = "envpool:"
+
+
+class _MakeById:
+    """A picklable ``gym.make(env_id, **kwargs)``."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any]):
+        self.env_id, self.kwargs = env_id, kwargs
+
+    def __call__(self) -> gym.Env:
+        return gym.make(self.env_id, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"gym.make({self.env_id!r})"
+
+
+def is_envpool(env: EnvLike) -> bool:
+    return isinstance(env, str) and env.startswith(ENVPOOL_PREFIX)
+
+
+def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> list[EnvFn]:
+    """One factory per env. ``num_envs`` may be None only when ``env`` is a list."""
+    if isinstance(env, str):
+        if is_envpool(env):
+            raise ValueError("EnvPool ids are handled by auturi.adapters.envpool, not as factories")
+        if env not in gym.registry:
+            close = [k for k in gym.registry if k.lower().startswith(env.split("-")[0].lower())][:5]
+            hint = f" Similar ids: {close}." if close else ""
+            raise ValueError(f"unknown gymnasium env id {env!r}.{hint} Register it, import the module "
+                             f"that registers it, or pass a factory: env=lambda: MyEnv().")
+        fns: list[EnvFn] = [_MakeById(env, make_kwargs)] * _need(num_envs)
+    elif callable(env):
+        fns = [env] * _need(num_envs)
+    elif isinstance(env, Sequence) and env and all(callable(f) for f in env):
+        fns = list(env)
+        if num_envs is not None and num_envs != len(fns):
+            raise ValueError(f"num_envs={num_envs} but {len(fns)} env factories were given; pass one per env")
+    else:
+        raise TypeError(f"env must be a gymnasium id, an EnvPool id ('envpool:Pong-v5'), a factory "
+                        f"returning a gymnasium.Env, or a list of them; got {env!r}")
+    return fns
+
+
+def _need(num_envs: int | None) -> int:
+    if num_envs is None or num_envs < 1:
+        raise ValueError("num_envs (>= 1) is required when env is an id or a single factory")
+    return num_envs
+
+
+def env_seed(seed: int, env_index: int, generation: int) -> int:
+    """Seed of env ``env_index``: ``seed + i`` the first time it is made; a fresh, distinct
+    seed each time it is recreated (after a reconfigure moves it) so episodes do not repeat."""
+    if generation == 0:
+        return seed + env_index
+    return int(np.random.SeedSequence([seed, env_index, generation]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------------- test envs
+class CountingEnv(gym.Env):
+    """A deterministic, cheap env whose observations depend on the whole action history,
+    so any misplaced action or mixed-up env shows in the data.
+
+    Episodes last 3 to ``max_len`` steps (drawn at reset), end terminated or truncated at
+    random, and carry ``info["env_step"]``. ``obs_shape`` may be an image shape; use
+    ``obs_dtype=np.uint8`` for images. ``action`` is ``"discrete"`` or ``"box"``.
+    """
+
+    metadata: dict = {"render_modes": []}
+
+    def __init__(self, obs_shape: tuple[int, ...] = (4,), action: str = "discrete", max_len: int = 12,
+                 obs_dtype: Any = np.float32, step_seconds: float = 0.0):
+        self.obs_dtype = np.dtype(obs_dtype)
+        if self.obs_dtype == np.uint8:
+            self.observation_space = gym.spaces.Box(0, 255, obs_shape, np.uint8)
+        else:
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, obs_shape, self.obs_dtype)
+        if action == "discrete":
+            self.action_space = gym.spaces.Discrete(3)
+        else:
+            self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.max_len = max_len
+        self.step_seconds = step_seconds
+        self._rng = np.random.default_rng(0)
+        self._state = 0.0
+        self._t = 0
+        self._len = 3
+
+    def _obs(self) -> np.ndarray:
+        base = np.arange(int(np.prod(self.observation_space.shape)), dtype=np.float64)
+        v = (base * 0.01 + self._state + self._t).reshape(self.observation_space.shape)
+        if self.obs_dtype == np.uint8:
+            return (np.abs(v * 7.0) % 256).astype(np.uint8)
+        return v.astype(self.obs_dtype)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._state = float(self._rng.integers(0, 1000))
+        self._t = 0
+        self._len = int(self._rng.integers(3, self.max_len + 1))
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
+        a = float(np.sum(action)) if self.action_space.shape else float(action)
+        self._state = self._state * 0.5 + a + 0.001 * float(self._rng.random())
+        self._t += 1
+        reward = a * 0.5 + float(self._rng.random())
+        ended = self._t >= self._len
+        terminated = ended and bool(self._rng.random() < 0.5)
+        truncated = ended and not terminated
+        return self._obs(), reward, terminated, truncated, {"env_step": self._t}
+
+
+class SlowEnv(CountingEnv):
+    """Waits about ``step_seconds`` (default 1 ms) per step, as a remote simulator would:
+    the time is spent blocked, not computing, so more env workers than cores still help."""
+
+    def __init__(self, step_seconds: float = 1e-3, **kw: Any):
+        super().__init__(step_seconds=step_seconds, **kw)
+
+
+class HeavyTailEnv(CountingEnv):
+    """Step time with a heavy tail: usually ``base_seconds``, one step in ``1/tail_prob``
+    takes ``tail_factor`` times as long (spin-computed, so it uses the CPU)."""
+
+    def __init__(self, base_seconds: float = 5e-5, tail_prob: float = 0.02, tail_factor: float = 50.0, **kw: Any):
+        super().__init__(**kw)
+        self.base_seconds, self.tail_prob, self.tail_factor = base_seconds, tail_prob, tail_factor
+        self._cost_rng = np.random.default_rng(12345)
+
+    def step(self, action):
+        cost = self.base_seconds * (self.tail_factor if self._cost_rng.random() < self.tail_prob else 1.0)
+        end = time.perf_counter() + cost
+        spins = 0
+        while time.perf_counter() < end:  # burns CPU on purpose: it models a simulator's compute
+            spins += 1
+        return super().step(action)
+
+
+class LargeObsEnv(CountingEnv):
+    """An image-like uint8 observation of about 1 MB (3 x 512 x 683 by default)."""
+
+    def __init__(self, obs_shape: tuple[int, ...] = (3, 512, 683), **kw: Any):
+        super().__init__(obs_shape=obs_shape, obs_dtype=np.uint8, **kw)
+
+
+class FaultyEnv(CountingEnv):
+    """Raises ``RuntimeError`` in ``step`` at step ``fail_step`` (counting from 1) or in
+    ``reset`` at reset ``fail_reset``, for the fault tests."""
+
+    def __init__(self, fail_step: int | None = None, fail_reset: int | None = None, **kw: Any):
+        super().__init__(**kw)
+        self.fail_step, self.fail_reset = fail_step, fail_reset
+        self._steps = 0
+        self._resets = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._resets += 1
+        if self.fail_reset is not None and self._resets >= self.fail_reset:
+            raise RuntimeError(f"FaultyEnv: reset {self._resets} fails on purpose")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self._steps += 1
+        if self.fail_step is not None and self._steps >= self.fail_step:
+            raise RuntimeError(f"FaultyEnv: step {self._steps} fails on purpose")
+        return super().step(action)

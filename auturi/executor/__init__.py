@@ -1,0 +1,29 @@
+"""Executors: one contract (:class:`Executor`), backends ``serial``, ``shm`` (and ``ray``)."""
+from __future__ import annotations
+
+from typing import Any
+
+from auturi.config import Config
+from auturi.envs import EnvLike
+from auturi.executor.base import Executor
+from auturi.policy import Policy
+
+BACKENDS = ("serial", "shm")
+
+
+def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, config: Config | None = None,
+                  *, backend: str = "shm", seed: int = 0, **kwargs: Any) -> Executor:
+    """Build an executor. ``backend`` is ``"shm"`` (processes and shared memory, the
+    default) or ``"serial"`` (everything in this process)."""
+    if backend == "serial":
+        from auturi.executor.serial import SerialExecutor
+
+        return SerialExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
+    if backend == "shm":
+        from auturi.executor.shm import ShmExecutor
+
+        return ShmExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
+    raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+
+
+__all__ = ["Executor", "make_executor", "BACKENDS"]

@@ -1,0 +1,225 @@
+"""The executor contract every backend implements, and what the backends share: input
+resolution, probing, the rollout arrays, per-env noise and building the :class:`Rollout`.
+
+Example:
+    >>> import auturi
+    >>> from auturi.envs import CountingEnv
+    >>> from auturi.policy import RandomPolicy
+    >>> import gymnasium as gym
+    >>> with auturi.make_executor(CountingEnv, RandomPolicy(gym.spaces.Discrete(3)), num_envs=4,
+    ...                           backend="serial") as ex:
+    ...     r = ex.collect(8)
+    >>> r.observations.shape, r.actions.shape
+    ((8, 4, 4), (8, 4))
+"""
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from auturi.config import Config
+from auturi.envs import EnvLike, resolve_env_fns
+from auturi.errors import AuturiError, ConfigError
+from auturi.executor.buffers import ArrayBlock
+from auturi.executor.spec import WorkloadSpec, probe_spec
+from auturi.policy import Policy
+from auturi.rollout import CollectStats, Rollout
+
+
+class Executor(abc.ABC):
+    """Runs collection under a :class:`Config`; the data never depends on the config.
+
+    Subclasses provide ``_apply_config``, ``_run_actors`` and ``_close_workers``.
+    """
+
+    backend = "base"
+
+    def __init__(self, env: EnvLike, policy: Policy, num_envs: int | None = None,
+                 config: Config | None = None, seed: int = 0):
+        self.env_fns = resolve_env_fns(env, num_envs)
+        self.num_envs = len(self.env_fns)
+        self.policy = policy
+        self.seed = int(seed)
+        self._closed = False
+        self._config: Config | None = None
+        self._block: ArrayBlock | None = None
+        self._num_steps = -1
+        self._steps_done = 0  # steps each env has taken so far: keys the noise streams
+        self._weights_version = 0
+        self.last_reconfigure_seconds = 0.0
+        probe_env = self.env_fns[0]()
+        try:
+            obs, _ = probe_env.reset(seed=self.seed)
+            self.spec: WorkloadSpec = probe_spec(probe_env.observation_space, probe_env.action_space, policy, obs)
+        finally:
+            probe_env.close()
+        self.reconfigure(config or Config.serial(self.num_envs))
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def config(self) -> Config:
+        assert self._config is not None
+        return self._config
+
+    def reconfigure(self, config: Config) -> float:
+        """Switch to ``config``; returns the seconds it took (also in
+        ``last_reconfigure_seconds``). Envs that move to another process are recreated
+        and their next observation starts a new episode."""
+        self._check_open()
+        self.validate(config)
+        if config == self._config:
+            self.last_reconfigure_seconds = 0.0
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            self._apply_config(config)
+        except BaseException:
+            self.close()
+            raise
+        self._config = config
+        self.last_reconfigure_seconds = time.perf_counter() - t0
+        return self.last_reconfigure_seconds
+
+    def validate(self, config: Config) -> None:
+        """Raise :class:`ConfigError` if ``config`` cannot run here."""
+        if not isinstance(config, Config):
+            raise TypeError(f"expected an auturi.Config, got {type(config).__name__}")
+        if config.num_envs != self.num_envs:
+            raise ConfigError("num_actors*envs_per_actor", config.num_envs,
+                              f"must equal the executor's num_envs={self.num_envs}")
+        check_device(config.policy_device)
+
+    def collect(self, num_steps: int) -> Rollout:
+        """Step every env exactly ``num_steps`` times; return the transitions (copies)."""
+        self._check_open()
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
+        t0 = time.perf_counter()
+        try:
+            self._prepare(num_steps)
+            env_s, pol_s, wait_s = self._run_actors(num_steps)
+            finals = self._gather_finals()
+        except BaseException:
+            self.close()
+            raise
+        self._steps_done += num_steps
+        rollout = self._build_rollout(finals)
+        rollout.stats = CollectStats(num_steps * self.num_envs, time.perf_counter() - t0, env_s, pol_s, wait_s)
+        return rollout
+
+    def set_policy_state(self, state: Mapping[str, Any]) -> None:
+        """Send new weights to every replica; they take effect from the next collect."""
+        self._check_open()
+        self._weights_version += 1
+        self._publish_weights({k: np.asarray(v) for k, v in state.items()}, self._weights_version)
+
+    def close(self) -> None:
+        """End every worker and free every buffer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._close_workers()
+        finally:
+            if self._block is not None:
+                self._block.close()
+                self._block = None
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ----------------------------------------------------------------- backend API
+    @abc.abstractmethod
+    def _apply_config(self, config: Config) -> None: ...
+
+    @abc.abstractmethod
+    def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
+        """Run every actor's loop; return (env, policy, wait) seconds of this collect."""
+
+    @abc.abstractmethod
+    def _gather_finals(self) -> dict[tuple[int, int], tuple[np.ndarray, dict]]: ...
+
+    @abc.abstractmethod
+    def _publish_weights(self, state: dict[str, np.ndarray], version: int) -> None: ...
+
+    @abc.abstractmethod
+    def _close_workers(self) -> None: ...
+
+    _shared_buffers = False
+
+    def _on_new_block(self) -> None:
+        """Called after the rollout block was (re)allocated."""
+
+    # ------------------------------------------------------------------ shared parts
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AuturiError("this executor is closed (after close(), or after a worker failed); make a new one")
+
+    def _prepare(self, num_steps: int) -> None:
+        """Size the rollout block, carry the last row to row 0, and draw the noise."""
+        if num_steps != self._num_steps:
+            old = self._block
+            self._block = ArrayBlock.create(self.spec.rollout_specs(num_steps, self.num_envs), self._shared_buffers)
+            if old is not None:
+                self._block["obs"][0] = old["obs"][self._num_steps]
+                self._block["starts"][0] = old["starts"][self._num_steps]
+                old.close()
+            self._num_steps = num_steps
+            self._on_new_block()
+        else:
+            b = self._block
+            assert b is not None
+            b["obs"][0] = b["obs"][num_steps]
+            b["starts"][0] = b["starts"][num_steps]
+        k = self.spec.noise_dim
+        if k:
+            noise = self._block["noise"]
+            for i in range(self.num_envs):
+                rng = np.random.default_rng([self.seed, i, self._steps_done])
+                noise[:, i, :] = rng.random((num_steps, k), dtype=np.float32)
+
+    def _build_rollout(self, finals: dict[tuple[int, int], tuple[np.ndarray, dict]]) -> Rollout:
+        b = self._block
+        assert b is not None
+        T = self._num_steps
+        return Rollout(
+            observations=b["obs"][:T].copy(),
+            actions=b["actions"].copy(),
+            rewards=b["rewards"].copy(),
+            terminated=b["terminated"].copy(),
+            truncated=b["truncated"].copy(),
+            episode_starts=b["starts"][:T].copy(),
+            last_observations=b["obs"][T].copy(),
+            last_episode_starts=b["starts"][T].copy(),
+            extras={k[len("extras."):]: v.copy() for k, v in b.arrays.items() if k.startswith("extras.")},
+            final_observations={k: v[0] for k, v in sorted(finals.items())},
+            final_infos={k: v[1] for k, v in sorted(finals.items())},
+        )
+
+
+def check_device(device: str) -> None:
+    """Raise :class:`ConfigError` when ``device`` names a GPU this machine lacks."""
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("policy_device", device,
+                          "no CUDA device is available here (torch.cuda.is_available() is False); "
+                          "use policy_device='cpu', or install a CUDA build of torch on a GPU machine")
+    idx = int(device.split(":")[1]) if ":" in device else 0
+    if idx >= torch.cuda.device_count():
+        raise ConfigError("policy_device", device,
+                          f"only {torch.cuda.device_count()} CUDA device(s) exist (cuda:0..cuda:{torch.cuda.device_count() - 1})")

@@ -1,0 +1,135 @@
+"""Named numpy arrays in one block of memory, private or shared between processes.
+
+The rollout (``obs``, ``actions``, ...), the control block and the weights each live in one
+such block. Only the process that created a shared block unlinks it; others attach by name.
+We use :mod:`multiprocessing.shared_memory` rather than a hand-made mmap because its
+resource tracker unlinks segments left behind if the creating process is SIGKILLed.
+"""
+from __future__ import annotations
+
+import pickle
+import secrets
+from multiprocessing import shared_memory
+from typing import Any, Iterable
+
+import numpy as np
+
+ALIGN = 64  # cache line: arrays written by different processes never share one
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+Layout = list[tuple[str, tuple[int, ...], str, int]]  # (name, shape, dtype str, offset)
+
+
+def make_layout(specs: Iterable[tuple[str, tuple[int, ...], Any]]) -> tuple[Layout, int]:
+    layout: Layout = []
+    off = 0
+    for name, shape, dtype in specs:
+        dt = np.dtype(dtype)
+        layout.append((name, tuple(int(s) for s in shape), dt.str, off))
+        off = _align(off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+    return layout, max(off, ALIGN)
+
+
+class ArrayBlock:
+    """Arrays at fixed offsets of one buffer. ``shared=True`` puts it in /dev/shm."""
+
+    def __init__(self, layout: Layout, size: int, shared: bool, name: str | None = None, create: bool = True):
+        self.layout, self.size, self.shared = layout, size, shared
+        self._shm: shared_memory.SharedMemory | None = None
+        self._owner = False
+        if shared:
+            if create:
+                name = name or f"auturi_{secrets.token_hex(6)}"
+                self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+                self._owner = True
+            else:
+                self._shm = shared_memory.SharedMemory(name=name, create=False)
+            buf = self._shm.buf
+            self.name = self._shm.name
+        else:
+            buf = bytearray(size)
+            self.name = ""
+        self.arrays: dict[str, np.ndarray] = {
+            n: np.ndarray(shape, dtype=np.dtype(dt), buffer=buf, offset=off) for n, shape, dt, off in layout
+        }
+        if create:
+            for a in self.arrays.values():
+                a.fill(0)
+
+    @classmethod
+    def create(cls, specs: Iterable[tuple[str, tuple[int, ...], Any]], shared: bool) -> "ArrayBlock":
+        layout, size = make_layout(specs)
+        return cls(layout, size, shared)
+
+    @classmethod
+    def attach(cls, handle: tuple[str, Layout, int]) -> "ArrayBlock":
+        name, layout, size = handle
+        return cls(layout, size, shared=True, name=name, create=False)
+
+    @property
+    def handle(self) -> tuple[str, Layout, int]:
+        """What another process needs to :meth:`attach` (small and picklable)."""
+        return (self.name, self.layout, self.size)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.arrays[key]
+
+    def close(self) -> None:
+        """Drop the mapping; the creator also unlinks the segment. Idempotent."""
+        self.arrays = {}
+        if self._shm is not None:
+            shm, self._shm = self._shm, None
+            try:
+                shm.close()
+            except BufferError:
+                # A view escaped (a caller kept an array). The mapping is freed with the
+                # process; the name is still unlinked below so nothing stays in /dev/shm.
+                pass
+            if self._owner:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass
+
+
+class WeightsBlock:
+    """A policy state (named arrays) in shared memory, with its layout pickled at the head
+    so replicas can read it knowing only the segment name."""
+
+    @staticmethod
+    def write(state: dict[str, np.ndarray], old: ArrayBlock | None) -> ArrayBlock:
+        arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
+        specs = [(k, v.shape, v.dtype) for k, v in arrays.items()]
+        layout, _ = make_layout(specs)
+        meta = pickle.dumps(layout)
+        head = _align(8 + len(meta))
+        full = [(n, s, d, o + head) for n, s, d, o in layout]
+        size = head + make_layout(specs)[1]
+        if old is None or old.size != size or old.layout != full:
+            if old is not None:
+                old.close()
+            block = ArrayBlock(full, size, shared=True)
+        else:
+            block = old
+        raw = np.ndarray((head,), np.uint8, buffer=block._shm.buf)  # type: ignore[union-attr]
+        raw[:8] = np.frombuffer(np.int64(len(meta)).tobytes(), np.uint8)
+        raw[8:8 + len(meta)] = np.frombuffer(meta, np.uint8)
+        del raw
+        for k, v in arrays.items():
+            block.arrays[k][...] = v
+        return block
+
+    @staticmethod
+    def read(name: str) -> dict[str, np.ndarray]:
+        shm = shared_memory.SharedMemory(name=name, create=False)
+        try:
+            n = int(np.frombuffer(bytes(shm.buf[:8]), np.int64)[0])
+            layout = pickle.loads(bytes(shm.buf[8:8 + n]))
+            head = _align(8 + n)
+            return {k: np.ndarray(s, np.dtype(d), buffer=shm.buf, offset=o + head).copy() for k, s, d, o in layout}
+        finally:
+            shm.close()

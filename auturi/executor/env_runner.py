@@ -1,0 +1,77 @@
+"""The envs one process steps (:class:`EnvRunner`), with SB3's auto-reset, writing every
+result in place into the rollout arrays. The serial loop, an actor's in-process envs and env
+workers all use it, so stepping semantics live in one place."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.envs import env_seed
+
+
+class EnvRunner:
+    """Owns envs ``env_ids`` (global indices), made from ``env_fns[i]`` and seeded
+    ``env_seed(seed, i, generation)`` at their first reset.
+
+    ``finals`` collects, per ended episode at ``(t, i)``, the real last observation and the
+    info the env returned; the host hands them over at the end of a collect.
+    """
+
+    def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
+                 generation: int = 0):
+        self.env_ids = list(env_ids)
+        self.envs = {i: env_fns[i]() for i in self.env_ids}
+        self.seed, self.generation = seed, generation
+        self.fresh = True  # not reset yet: the next collect must reset first
+        self.finals: dict[tuple[int, int], tuple[np.ndarray, dict]] = {}
+        self.env_seconds = 0.0
+        space = self.envs[self.env_ids[0]].action_space
+        self._discrete = isinstance(space, gym.spaces.Discrete)
+        self.a: dict[str, np.ndarray] = {}
+
+    def bind(self, arrays: dict[str, np.ndarray]) -> None:
+        self.a = arrays
+
+    def reset_all(self) -> None:
+        """First reset of every env: writes row 0 of ``obs`` and sets ``starts[0]``."""
+        obs, starts = self.a["obs"], self.a["starts"]
+        for i in self.env_ids:
+            o, _ = self.envs[i].reset(seed=env_seed(self.seed, i, self.generation))
+            obs[0, i] = o
+            starts[0, i] = True
+        self.fresh = False
+
+    def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:
+        """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``."""
+        a = self.a
+        obs, starts, actions = a["obs"], a["starts"], a["actions"]
+        rewards, term, trunc = a["rewards"], a["terminated"], a["truncated"]
+        envs, finals, discrete = self.envs, self.finals, self._discrete
+        t0 = time.perf_counter()
+        for t, i in zip(np.asarray(ts).tolist(), np.asarray(ids).tolist()):
+            act = actions[t, i]
+            o, r, te, tr, info = envs[i].step(int(act) if discrete else act.copy())
+            rewards[t, i] = r
+            term[t, i] = te
+            trunc[t, i] = tr
+            if te or tr:
+                finals[(t, i)] = (np.asarray(o).copy(), info)
+                o, _ = envs[i].reset()
+            obs[t + 1, i] = o
+            starts[t + 1, i] = te or tr
+        self.env_seconds += time.perf_counter() - t0
+
+    def take_finals(self) -> dict[tuple[int, int], tuple[np.ndarray, dict]]:
+        f, self.finals = self.finals, {}
+        return f
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            try:
+                env.close()
+            except Exception:  # closing is best effort; the process may be going down
+                pass
+        self.envs = {}

@@ -1,0 +1,280 @@
+"""The ``shm`` backend: actors, env workers and policy replicas as processes on one machine,
+all bulk data in shared memory, all waits blocking on semaphores.
+
+Process layout for a config (the caller's process is "main"):
+- ``num_actors == 1``: the actor runs in main; ``num_actors > 1``: one process per actor.
+- ``env_parallel_degree > 1``: that many env worker processes per actor, each stepping
+  ``envs_per_actor / degree`` envs in turn; degree 1: the envs step in the actor's process.
+- ``policies_per_actor > 1``: that many replica processes per actor; 1: inference runs in
+  the actor's process.
+Main creates every process and every shared block, so it alone ends and unlinks them.
+Workers start through ``forkserver`` (``AUTURI_START_METHOD`` may say ``spawn``): never
+``fork``, which breaks CUDA and copies the caller's threads.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import weakref
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from auturi.config import Config
+from auturi.errors import WorkerError
+from auturi.executor.base import Executor
+from auturi.executor.buffers import ArrayBlock, WeightsBlock
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, TASK, RemoteLane, Waiter, control_specs, read_error,
+                                         write_name)
+from auturi.executor.shm.worker import ActorHost, worker_main
+
+_PRELOAD = ["auturi.executor.shm.preload"]
+JOIN_SECONDS = 2.0
+
+
+def get_context(start_method: str | None = None) -> mp.context.BaseContext:
+    method = start_method or os.environ.get("AUTURI_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"start method {method!r} is not supported: use 'forkserver' or 'spawn' "
+                         f"('fork' breaks CUDA and copies the caller's threads)")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _Slot:
+    def __init__(self, kind: str, name: str, start_sem: Any):
+        self.kind, self.name, self.start_sem = kind, name, start_sem
+        self.proc: Any = None
+        self.conn: Any = None  # main's end of the pipe (env hosts send final observations)
+
+
+class ShmExecutor(Executor):
+    backend = "shm"
+    _shared_buffers = True
+
+    def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
+        self._ctx = get_context(start_method)
+        self._slots: list[_Slot] = []
+        self._ctrl: ArrayBlock | None = None
+        self._weights: ArrayBlock | None = None
+        self._host: ActorHost | None = None
+        self._actor_lanes: list[RemoteLane] = []
+        self._main_waiter: Waiter | None = None
+        self._generation = -1
+        self._timing = np.zeros(3)
+        self._payload = b""
+        super().__init__(*args, **kwargs)
+        ref = weakref.ref(self)
+        atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ config
+    def _apply_config(self, config: Config) -> None:
+        self._close_workers()
+        self._generation += 1
+        if not self._payload:
+            self._payload = cloudpickle.dumps((self.env_fns, self.policy))
+        ctx = self._ctx
+        slots: list[_Slot] = []
+        actor_slots: list[int] = []
+        if config.num_actors > 1:
+            for a in range(config.num_actors):
+                ids = config.actor_env_ids(a)
+                actor_slots.append(len(slots))
+                slots.append(_Slot("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", ctx.Semaphore(0)))
+        lanes: list[dict[str, list]] = []
+        for a in range(config.num_actors):
+            la: dict[str, list] = {"env": [], "policy": []}
+            if config.env_parallel_degree > 1:
+                k = config.envs_per_worker
+                for w in range(config.env_parallel_degree):
+                    lo = config.actor_env_ids(a)[0] + w * k
+                    s = _Slot("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", ctx.Semaphore(0))
+                    la["env"].append((len(slots), s.start_sem, s.name))
+                    slots.append(s)
+            if config.policies_per_actor > 1:
+                for r in range(config.policies_per_actor):
+                    s = _Slot("policy", f"policy replica {r} of actor {a} on {config.policy_device}", ctx.Semaphore(0))
+                    la["policy"].append((len(slots), s.start_sem, s.name))
+                    slots.append(s)
+            lanes.append(la)
+        self._slots = slots
+        cap = config.envs_per_actor
+        self._ctrl = ArrayBlock.create(control_specs(len(slots), cap), shared=True)
+        self._write_header()
+        if self._weights is None:
+            state = self.policy.get_state()
+            if state:
+                self._weights = WeightsBlock.write(dict(state), None)
+        if self._weights is not None:
+            write_name(self._ctrl, 1, self._weights.name)
+        self._ctrl["hdr"][2] = self._weights_version
+        main_sem = ctx.Semaphore(0)
+        done_sems = [ctx.Semaphore(0) for _ in range(config.num_actors)]
+        threads = self._policy_threads(config)
+        self._timing = np.zeros(3)
+
+        def start(slot: int, kind: str, done_sem: Any, info: dict) -> None:
+            s = slots[slot]
+            child_conn = None
+            if kind == "env" or (kind == "actor" and config.env_parallel_degree == 1):
+                s.conn, child_conn = ctx.Pipe(duplex=False)
+            s.proc = ctx.Process(
+                target=worker_main, name=f"auturi: {s.name}", daemon=True,
+                args=(kind, slot, self._ctrl.handle, s.start_sem, done_sem, main_sem, self._payload,  # type: ignore[union-attr]
+                      self.spec, self.num_envs, info, child_conn))
+            s.proc.start()
+            if child_conn is not None:
+                child_conn.close()
+
+        common = {"seed": self.seed, "generation": self._generation, "device": config.policy_device,
+                  "threads": threads}
+        for a, la in enumerate(lanes):
+            k = config.envs_per_worker
+            for w, (slot, _, _) in enumerate(la["env"]):
+                lo = config.actor_env_ids(a)[0] + w * k
+                start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k))})
+            for slot, _, _ in la["policy"]:
+                start(slot, "policy", done_sems[a], common)
+            if config.num_actors > 1:
+                start(actor_slots[a], "actor", done_sems[a],
+                      {**common, "actor": a, "config": config, "lanes": la, "report_sem": main_sem})
+        # Wait for every worker to report that it built its envs / policy.
+        self._main_waiter = Waiter(main_sem, self._ctrl, self._check_children, config)
+        self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
+        if config.num_actors == 1:
+            self._host = ActorHost(0, config, self.env_fns, self.policy, self.seed, self._generation, self._ctrl,
+                                   lanes[0], done_sems[0], self._check_children)
+            if self._host.local_policy is not None:
+                self.policy.to(config.policy_device)
+                self._host.local_policy.weights_version = self._weights_version
+            if self._block is not None:
+                self._host.bind(self._block.arrays)
+        else:
+            self._actor_lanes = [RemoteLane(s, self._ctrl, slots[s].start_sem, slots[s].name) for s in actor_slots]
+
+    def _policy_threads(self, config: Config) -> int:
+        """Torch threads of each CPU replica: the cores env workers leave free, shared out."""
+        if config.policy_device != "cpu":
+            return 1
+        env_procs = config.num_actors * (config.env_parallel_degree if config.env_parallel_degree > 1 else 0)
+        replicas = config.num_actors * config.policies_per_actor
+        return max(1, (_usable_cores() - env_procs) // replicas)
+
+    def _write_header(self) -> None:
+        if self._ctrl is None or self._block is None:
+            return
+        write_name(self._ctrl, 0, self._block.name)
+        self._ctrl["hdr"][1] = self._num_steps
+        self._ctrl["hdr"][0] += 1
+
+    def _on_new_block(self) -> None:
+        self._write_header()
+        if self._host is not None and self._block is not None:
+            self._host.bind(self._block.arrays)
+
+    # ------------------------------------------------------------------ collect
+    def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
+        assert self._ctrl is not None
+        if self._host is not None:
+            self._host.collect(num_steps)
+        else:
+            assert self._main_waiter is not None
+            for lane in self._actor_lanes:
+                lane.command(TASK, num_steps)
+            self._main_waiter.wait_all(self._actor_lanes)
+        total = self._ctrl["timing"].sum(axis=0)
+        if self._host is not None:
+            total = total + np.array(self._host.seconds())
+        delta, self._timing = total - self._timing, total
+        return float(delta[0]), float(delta[1]), float(delta[2])
+
+    def _gather_finals(self) -> dict:
+        finals: dict = {}
+        if self._host is not None and self._host.local_envs is not None:
+            finals.update(self._host.local_envs.take_finals())
+        assert self._ctrl is not None
+        for i, s in enumerate(self._slots):
+            if s.conn is not None and self._ctrl["nfinal"][i] > 0:
+                self._ctrl["cmd"][i] = FLUSH
+                s.start_sem.release()
+                while not s.conn.poll(0.1):
+                    self._check_children()
+                finals.update(s.conn.recv())
+        return finals
+
+    def _publish_weights(self, state: dict[str, np.ndarray], version: int) -> None:
+        if state:
+            self._weights = WeightsBlock.write(state, self._weights)
+        if self._ctrl is not None:
+            if self._weights is not None:
+                write_name(self._ctrl, 1, self._weights.name)
+            self._ctrl["hdr"][2] = version
+        if self._host is not None and self._host.local_policy is not None:
+            self._host.local_policy.load(state, version)
+
+    # ------------------------------------------------------------------ faults, close
+    def _check_children(self) -> None:
+        procs = {s.proc.sentinel: s for s in self._slots if s.proc is not None}
+        if not procs:
+            return
+        dead = multiprocessing.connection.wait(list(procs), timeout=0)
+        if dead:
+            s = procs[dead[0]]  # type: ignore[index]
+            s.proc.join(0.1)
+            code = s.proc.exitcode
+            if code is not None and code < 0:
+                try:
+                    reason = f"was killed by signal {signal.Signals(-code).name}"
+                except ValueError:
+                    reason = f"was killed by signal {-code}"
+            else:
+                reason = f"exited unexpectedly with code {code}"
+            tb = ""
+            if self._ctrl is not None:
+                i = self._slots.index(s)
+                if self._ctrl["status"][i] != OK:
+                    tb = read_error(self._ctrl, i)
+            raise WorkerError(s.name, reason, tb, self._config)
+
+    def _close_workers(self) -> None:
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+        slots, self._slots = self._slots, []
+        self._actor_lanes = []
+        if self._ctrl is not None:
+            for i, s in enumerate(slots):
+                if s.proc is not None and s.proc.is_alive():
+                    self._ctrl["cmd"][i] = EXIT
+                    s.start_sem.release()
+        for s in slots:
+            if s.proc is not None:
+                s.proc.join(JOIN_SECONDS)
+                if s.proc.is_alive():
+                    s.proc.terminate()
+                    s.proc.join(JOIN_SECONDS)
+                if s.proc.is_alive():
+                    s.proc.kill()
+                    s.proc.join()
+                s.proc.close()
+            if s.conn is not None:
+                s.conn.close()
+        if self._ctrl is not None:
+            self._ctrl.close()
+            self._ctrl = None
+        if self._closed and self._weights is not None:
+            self._weights.close()
+            self._weights = None

@@ -1,0 +1,142 @@
+"""The control plane of the ``shm`` backend: a control block in shared memory, one slot per
+worker process, and semaphores to wake workers and to report back.
+
+Why semaphores: a wake-up through a POSIX semaphore costs ~5 us and blocks in the kernel,
+so a waiting process uses no CPU (the thesis' code spun, and collapsed ~700x when processes
+outnumbered cores). Bulk data never crosses here: workers read and write the rollout
+arrays in place; a slot carries only a command word and a list of ``(row, env)`` tasks.
+
+Protocol for one task: the submitter writes ``tasks``/``ntask``/``cmd`` and releases the
+slot's start semaphore; the worker does the work, sets ``status``, bumps ``seq`` and
+releases the done semaphore of whoever waits for it. Semaphore operations are full memory
+barriers, so the plain writes before them are visible after them.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from auturi.errors import WorkerError
+from auturi.executor.buffers import ArrayBlock
+
+# commands
+TASK, RESET, FLUSH, EXIT = 1, 2, 3, 4
+# status
+OK, ERROR = 0, 1
+ERR_BYTES = 16384
+NAME_BYTES = 128
+POLL_SECONDS = 0.1  # how often a blocked waiter checks that its peers are alive
+
+
+def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], Any]]:
+    W = max(num_slots, 1)
+    return [
+        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version
+        ("names", (2, NAME_BYTES), np.uint8),  # 0: rollout block name, 1: weights block name
+        ("cmd", (W,), np.int64),
+        ("arg", (W,), np.int64),
+        ("ntask", (W,), np.int64),
+        ("seq", (W,), np.int64),
+        ("status", (W,), np.int64),
+        ("nfinal", (W,), np.int64),
+        ("timing", (W, 3), np.float64),  # cumulative env, policy, wait seconds
+        ("tasks", (W, max(cap, 1), 2), np.int64),
+        ("err", (W, ERR_BYTES), np.uint8),
+    ]
+
+
+def write_name(ctrl: ArrayBlock, k: int, name: str) -> None:
+    raw = name.encode()
+    assert len(raw) < NAME_BYTES
+    ctrl["names"][k] = 0
+    ctrl["names"][k, : len(raw)] = np.frombuffer(raw, np.uint8)
+
+
+def read_name(ctrl: ArrayBlock, k: int) -> str:
+    return bytes(ctrl["names"][k]).rstrip(b"\0").decode()
+
+
+def write_error(ctrl: ArrayBlock, slot: int, exc: BaseException) -> None:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    raw = text.encode(errors="replace")[-(ERR_BYTES - 1):]
+    ctrl["err"][slot] = 0
+    ctrl["err"][slot, : len(raw)] = np.frombuffer(raw, np.uint8)
+    ctrl["status"][slot] = ERROR
+
+
+def read_error(ctrl: ArrayBlock, slot: int) -> str:
+    return bytes(ctrl["err"][slot]).rstrip(b"\0").decode(errors="replace")
+
+
+class RemoteLane:
+    """A worker process seen from the process that hands it tasks."""
+
+    remote = True
+
+    def __init__(self, slot: int, ctrl: ArrayBlock, start_sem: Any, name: str):
+        self.slot, self.ctrl, self.start_sem, self.name = slot, ctrl, start_sem, name
+        self.issued = 1  # every worker reports once when it has started (or failed to)
+
+    def command(self, cmd: int, arg: int = 0) -> None:
+        c = self.ctrl
+        c["arg"][self.slot] = arg
+        c["cmd"][self.slot] = cmd
+        if cmd != FLUSH and cmd != EXIT:
+            self.issued += 1
+        self.start_sem.release()
+
+    def submit(self, ts: Sequence[int], ids: Sequence[int]) -> None:
+        c, s = self.ctrl, self.slot
+        n = len(ids)
+        c["tasks"][s, :n, 0] = ts
+        c["tasks"][s, :n, 1] = ids
+        c["ntask"][s] = n
+        self.command(TASK)
+
+    def finished(self) -> bool:
+        return int(self.ctrl["seq"][self.slot]) >= self.issued
+
+
+class Waiter:
+    """Blocks on one done-semaphore until busy lanes finish; between polls it calls
+    ``check_health`` (which raises if a peer died), so a dead worker never hangs us."""
+
+    def __init__(self, done_sem: Any, ctrl: ArrayBlock, check_health: Callable[[], None], config: Any = None):
+        self.done_sem, self.ctrl, self.check_health, self.config = done_sem, ctrl, check_health, config
+
+    def _acquire(self) -> None:
+        while not self.done_sem.acquire(timeout=POLL_SECONDS):
+            self.check_health()
+
+    def __call__(self, busy: list[RemoteLane]) -> list[RemoteLane]:
+        while True:
+            self._acquire()
+            done = [lane for lane in busy if lane.finished()]
+            if done:
+                break
+        for _ in range(len(done) - 1):  # each finished lane posted once; we took one post
+            self._acquire()
+        for lane in done:
+            if self.ctrl["status"][lane.slot] == ERROR:
+                raise WorkerError(lane.name, "raised an exception", read_error(self.ctrl, lane.slot), self.config)
+        return done
+
+    def wait_all(self, lanes: list[RemoteLane]) -> None:
+        busy = [lane for lane in lanes if not lane.finished()]
+        while busy:
+            done = self(busy)
+            busy = [lane for lane in busy if lane not in done]
+
+
+def parent_watch() -> Callable[[], None]:
+    """A health check for a worker: exit quietly once the process that made it is gone."""
+    ppid = os.getppid()
+
+    def check() -> None:
+        if os.getppid() != ppid:
+            raise SystemExit(0)
+
+    return check

@@ -1,0 +1,224 @@
+"""Process entry points of the ``shm`` backend (env workers, policy replicas, actors) and
+:class:`ActorHost`, the actor's side of the hierarchy, used in an actor process or, when
+there is one actor, in the caller's process."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from auturi.config import Config
+from auturi.executor.actor_loop import ActorLoop
+from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
+from auturi.executor.env_runner import EnvRunner
+from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
+from auturi.executor.policy_runner import PolicyRunner
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, TASK, RemoteLane, Waiter, parent_watch,
+                                         read_name, write_error)
+from auturi.executor.spec import WorkloadSpec
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def sync_policy_weights(runner: PolicyRunner, ctrl: ArrayBlock) -> None:
+    """Load the published weights if a newer version is out (one int compare otherwise)."""
+    version = int(ctrl["hdr"][2])
+    if version != runner.weights_version:
+        name = read_name(ctrl, 1)
+        if name:
+            runner.load(WeightsBlock.read(name), version)
+        else:
+            runner.weights_version = version
+
+
+class DataBinding:
+    """Keeps a worker attached to the current rollout block (it changes with num_steps)."""
+
+    def __init__(self, ctrl: ArrayBlock, spec: WorkloadSpec, num_envs: int):
+        self.ctrl, self.spec, self.num_envs = ctrl, spec, num_envs
+        self.gen = -1
+        self.block: ArrayBlock | None = None
+
+    def sync(self, *runners: Any) -> None:
+        gen = int(self.ctrl["hdr"][0])
+        if gen == self.gen:
+            return
+        layout, size = make_layout(self.spec.rollout_specs(int(self.ctrl["hdr"][1]), self.num_envs))
+        block = ArrayBlock(layout, size, shared=True, name=read_name(self.ctrl, 0), create=False)
+        for r in runners:
+            if r is not None:
+                r.bind(block.arrays)
+        if self.block is not None:
+            self.block.close()
+        self.block, self.gen = block, gen
+
+    def close(self) -> None:
+        if self.block is not None:
+            self.block.close()
+            self.block = None
+
+
+class ActorHost:
+    """One actor: its lanes (local or remote) and its :class:`ActorLoop`.
+
+    ``lanes`` describes the remote lanes: ``{"env": [(slot, start_sem, name)], "policy": [...]}``;
+    an empty list means that side runs here.
+    """
+
+    def __init__(self, actor: int, config: Config, env_fns: list, policy: Any, seed: int, generation: int,
+                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any):
+        self.actor, self.config, self.ctrl = actor, config, ctrl
+        ids = config.actor_env_ids(actor)
+        self.local_envs: EnvRunner | None = None
+        self.local_policy: PolicyRunner | None = None
+        if lanes["env"]:
+            env_lanes = [RemoteLane(s, ctrl, sem, name) for s, sem, name in lanes["env"]]
+        else:
+            self.local_envs = EnvRunner(ids, env_fns, seed, generation)
+            env_lanes = [LocalEnvLane(self.local_envs, f"envs of actor {actor}")]
+        if lanes["policy"]:
+            pol_lanes = [RemoteLane(s, ctrl, sem, name) for s, sem, name in lanes["policy"]]
+        else:
+            self.local_policy = PolicyRunner(policy)
+            pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
+        self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
+        self.waiter = Waiter(done_sem, ctrl, check_health, config)
+        self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter)
+        self.fresh = True
+
+    def bind(self, arrays: dict[str, np.ndarray]) -> None:
+        for r in (self.local_envs, self.local_policy):
+            if r is not None:
+                r.bind(arrays)
+
+    def collect(self, num_steps: int) -> None:
+        if self.fresh:
+            if self.local_envs is not None:
+                self.local_envs.reset_all()
+            for lane in self.remote_env_lanes:
+                lane.command(RESET)
+            self.waiter.wait_all(self.remote_env_lanes)
+            self.fresh = False
+        self.loop.run(num_steps)
+
+    def seconds(self) -> tuple[float, float, float]:
+        return (self.local_envs.env_seconds if self.local_envs else 0.0,
+                self.local_policy.policy_seconds if self.local_policy else 0.0,
+                self.loop.wait_seconds)
+
+    def close(self) -> None:
+        if self.local_envs is not None:
+            self.local_envs.close()
+
+
+# --------------------------------------------------------------------------- processes
+def _set_torch_threads(threads: int) -> None:
+    if threads > 0 and "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_sem: Any, ready_sem: Any,
+                payload: bytes, spec: WorkloadSpec, num_envs: int, info: dict, conn: Any) -> None:
+    """Entry point of every worker process. ``kind`` is ``env``, ``policy`` or ``actor``."""
+    # Ctrl-C reaches the whole process group; the caller handles it and ends us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for var in THREAD_VARS:
+        os.environ[var] = "1"
+    ctrl = ArrayBlock.attach(ctrl_handle)
+    check_parent = parent_watch()
+    data = DataBinding(ctrl, spec, num_envs)
+    obj: Any = None
+    try:
+        env_fns, policy = cloudpickle.loads(payload)
+        if kind == "env":
+            obj = EnvRunner(info["env_ids"], env_fns, info["seed"], info["generation"])
+        elif kind == "policy":
+            policy.to(info["device"])
+            obj = PolicyRunner(policy)
+            _set_torch_threads(info["threads"])
+        else:
+            obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
+                            ctrl, info["lanes"], done_sem, check_parent)
+            if obj.local_policy is not None:
+                policy.to(info["config"].policy_device)
+                _set_torch_threads(info["threads"])
+            done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
+        ctrl["status"][slot] = OK
+    except BaseException as exc:  # report construction failures (bad env, bad policy) too
+        write_error(ctrl, slot, exc)
+    ctrl["seq"][slot] += 1
+    ready_sem.release()
+    if ctrl["status"][slot] != OK:
+        return _shutdown(obj, data, ctrl)
+    try:
+        _serve(kind, slot, obj, ctrl, data, start_sem, done_sem, conn, check_parent)
+    except SystemExit:
+        pass
+    finally:
+        _shutdown(obj, data, ctrl)
+
+
+def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_sem: Any, done_sem: Any,
+           conn: Any, check_parent: Any) -> None:
+    cmd_arr, seq, status, ntask, tasks, timing = (ctrl["cmd"], ctrl["seq"], ctrl["status"], ctrl["ntask"],
+                                                  ctrl["tasks"], ctrl["timing"])
+    while True:
+        if not start_sem.acquire(timeout=1.0):
+            check_parent()
+            continue
+        cmd = int(cmd_arr[slot])
+        if cmd == EXIT:
+            return
+        if cmd == FLUSH:  # hand over final observations; the caller is reading the pipe
+            runner = obj if kind == "env" else obj.local_envs
+            conn.send(runner.take_finals())
+            ctrl["nfinal"][slot] = 0
+            continue
+        try:
+            if kind == "env":
+                data.sync(obj)
+                if cmd == RESET:
+                    obj.reset_all()
+                else:
+                    n = int(ntask[slot])
+                    obj.step(tasks[slot, :n, 0], tasks[slot, :n, 1])
+                ctrl["nfinal"][slot] = len(obj.finals)
+                timing[slot, 0] = obj.env_seconds
+            elif kind == "policy":
+                data.sync(obj)
+                sync_policy_weights(obj, ctrl)
+                n = int(ntask[slot])
+                obj.act(tasks[slot, :n, 0].copy(), tasks[slot, :n, 1].copy())
+                timing[slot, 1] = obj.policy_seconds
+            else:
+                data.sync(obj.local_envs, obj.local_policy)
+                if obj.local_policy is not None:
+                    sync_policy_weights(obj.local_policy, ctrl)
+                obj.collect(int(ctrl["arg"][slot]))
+                if obj.local_envs is not None:
+                    ctrl["nfinal"][slot] = len(obj.local_envs.finals)
+                timing[slot] = obj.seconds()
+            status[slot] = OK
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            write_error(ctrl, slot, exc)
+        seq[slot] += 1
+        done_sem.release()
+        if status[slot] != OK and kind == "actor":
+            return  # the caller tears everything down after an actor failed
+
+
+def _shutdown(obj: Any, data: DataBinding, ctrl: ArrayBlock) -> None:
+    try:
+        if obj is not None and hasattr(obj, "close"):
+            obj.close()
+    finally:
+        data.close()
+        ctrl.close()
