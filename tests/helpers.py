@@ -1,0 +1,61 @@
+"""Policies and envs for the executor tests (importable by worker processes)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.envs import CountingEnv
+
+
+class ObsHashPolicy:
+    """Deterministic and batch-independent: the action depends on the observation and the
+    noise of its own row only. Its weight ``w`` is added to a reported extra."""
+
+    def __init__(self, action_space: gym.Space):
+        self.space = action_space
+        self.noise_dim = 1
+        self.w = np.zeros((), np.float64)
+
+    def act(self, obs, noise):
+        flat = obs.reshape(len(obs), -1).astype(np.float64)
+        h = flat.sum(axis=1) * 0.37 + noise[:, 0]
+        extras = {"values": (h * 0.5 + self.w).astype(np.float32), "log_probs": -h.astype(np.float32)}
+        if isinstance(self.space, gym.spaces.Discrete):
+            return (np.floor(np.abs(h) * 7) % self.space.n).astype(np.int64), extras
+        a = np.sin(h)[:, None] * np.ones((1, *self.space.shape))
+        return a.astype(np.float32), extras
+
+    def get_state(self):
+        return {"w": self.w.copy()}
+
+    def load_state(self, state):
+        self.w = np.asarray(state["w"], np.float64).copy()
+
+    def to(self, device):
+        pass
+
+
+class RaisingPolicy(ObsHashPolicy):
+    """Raises once ``w`` is set to 1 (so the probe call at construction succeeds)."""
+
+    def act(self, obs, noise):
+        if self.w == 1:
+            raise ValueError("RaisingPolicy fails on purpose")
+        return super().act(obs, noise)
+
+
+class SuicideEnv(CountingEnv):
+    """SIGKILLs its own process at step ``kill_step`` (only outside the caller's process)."""
+
+    def __init__(self, kill_step: int, main_pid: int):
+        super().__init__()
+        self.kill_step, self.main_pid, self._n = kill_step, main_pid, 0
+
+    def step(self, action):
+        self._n += 1
+        if self._n >= self.kill_step and os.getpid() != self.main_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action)

@@ -1,0 +1,189 @@
+"""The executor's central contract: every backend and config gives the serial rollout.
+
+One suite over every backend (as SB3 tests every VecEnv): data equality bit for bit with a
+batch-independent policy, across consecutive collects whose episodes end mid-rollout and
+continue; plus seeding, terminal observations, reconfigure truncation and weight updates.
+"""
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from auturi import Config, make_executor
+from auturi.envs import CountingEnv, env_seed
+from tests.helpers import ObsHashPolicy
+
+N = 4
+BACKENDS = ["serial", "shm"]
+
+CONFIGS = [
+    Config.serial(N),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=4),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=2),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policy_batch_size=3),
+    Config(num_actors=2, envs_per_actor=2),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=4, envs_per_actor=1),
+]
+
+
+def ids(c: Config) -> str:
+    return f"A{c.num_actors}E{c.envs_per_actor}D{c.env_parallel_degree}P{c.policies_per_actor}B{c.policy_batch_size}"
+
+
+def counting(action="discrete", **kw):
+    return functools.partial(CountingEnv, action=action, **kw)
+
+
+def run(backend, config, env_fn=None, steps=(7, 7, 5), seed=3, policy=None):
+    env_fn = env_fn or counting()
+    space = env_fn().action_space
+    policy = policy or ObsHashPolicy(space)
+    with make_executor(env_fn, policy, num_envs=N, config=config, backend=backend, seed=seed) as ex:
+        return [ex.collect(s) for s in steps]
+
+
+def assert_same(rollouts_a, rollouts_b):
+    for ra, rb in zip(rollouts_a, rollouts_b):
+        a, b = ra.arrays(), rb.arrays()
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        assert ra.final_observations.keys() == rb.final_observations.keys()
+        for k in ra.final_observations:
+            np.testing.assert_array_equal(ra.final_observations[k], rb.final_observations[k])
+        assert ra.final_infos == rb.final_infos
+
+
+@pytest.fixture(scope="module")
+def serial_reference():
+    return run("serial", Config.serial(N))
+
+
+def test_serial_matches_a_plain_gymnasium_loop(serial_reference):
+    """The oracle: a hand-written loop with SB3's auto-reset semantics."""
+    seed = 3
+    envs = [CountingEnv() for _ in range(N)]
+    pol = ObsHashPolicy(envs[0].action_space)
+    obs = np.stack([e.reset(seed=env_seed(seed, i, 0))[0] for i, e in enumerate(envs)])
+    starts = np.ones(N, bool)
+    done_steps = 0
+    for r in serial_reference:
+        T = r.num_steps
+        noise = np.stack([np.random.default_rng([seed, i, done_steps]).random((T, 1), dtype=np.float32)
+                          for i in range(N)], axis=1)
+        for t in range(T):
+            np.testing.assert_array_equal(r.observations[t], obs)
+            np.testing.assert_array_equal(r.episode_starts[t], starts)
+            actions, extras = pol.act(obs, noise[t])
+            np.testing.assert_array_equal(r.actions[t], actions)
+            np.testing.assert_array_equal(r.extras["values"][t], extras["values"])
+            new_obs = []
+            for i, e in enumerate(envs):
+                o, rew, te, tr, info = e.step(int(actions[i]))
+                assert r.rewards[t, i] == rew and r.terminated[t, i] == te and r.truncated[t, i] == tr
+                if te or tr:
+                    np.testing.assert_array_equal(r.final_observations[(t, i)], o)
+                    assert r.final_infos[(t, i)] == info
+                    o, _ = e.reset()
+                new_obs.append(o)
+                starts[i] = te or tr
+            obs = np.stack(new_obs)
+        np.testing.assert_array_equal(r.last_observations, obs)
+        np.testing.assert_array_equal(r.last_episode_starts, starts)
+        done_steps += T
+    # episodes really did end mid-rollout and continue across collects
+    assert sum(len(r.final_observations) for r in serial_reference) >= 4
+    assert not serial_reference[1].episode_starts[0].all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("config", CONFIGS, ids=ids)
+def test_every_config_gives_the_serial_rollout(backend, config, serial_reference):
+    assert_same(run(backend, config), serial_reference)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("space", ["box_action", "image_obs"])
+def test_box_actions_and_image_observations(backend, space):
+    if space == "box_action":
+        env_fn = counting(action="box")
+    else:
+        env_fn = counting(obs_shape=(3, 8, 8), obs_dtype=np.uint8)
+    ref = run("serial", Config.serial(N), env_fn)
+    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+    got = run(backend, cfg, env_fn)
+    assert_same(got, ref)
+    assert got[0].observations.dtype == (np.uint8 if space == "image_obs" else np.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_changing_num_steps_between_collects(backend, serial_reference):
+    cfg = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
+    ref = run("serial", Config.serial(N), steps=(3, 9, 4))
+    assert_same(run(backend, cfg, steps=(3, 9, 4)), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeding(backend):
+    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
+    a = run(backend, cfg, seed=1, steps=(6,))
+    b = run(backend, cfg, seed=1, steps=(6,))
+    c = run(backend, cfg, seed=2, steps=(6,))
+    assert_same(a, b)
+    assert not np.array_equal(a[0].observations, c[0].observations)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_updates_reach_every_replica(backend):
+    env_fn = counting()
+    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=cfg, backend=backend) as ex:
+        before = ex.collect(4)
+        ex.set_policy_state({"w": np.array(1e6)})
+        after = ex.collect(4)
+    # every env (so every replica of every actor) saw the new weight from the first step on
+    assert (before.extras["values"] < 1e5).all()
+    assert (after.extras["values"] > 1e5).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reconfigure_marks_moved_envs_as_new_episodes(backend):
+    env_fn = counting(max_len=50)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, backend=backend) as ex:
+        first = ex.collect(3)
+        assert not first.last_episode_starts.any()  # episodes are running
+        seconds = ex.reconfigure(Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2))
+        assert seconds >= 0.0 and ex.last_reconfigure_seconds == seconds
+        second = ex.collect(3)
+        assert ex.reconfigure(ex.config) == 0.0  # same config: nothing to do
+    if backend == "shm":  # envs moved to worker processes: recreated, new episodes
+        assert second.episode_starts[0].all()
+        assert not np.array_equal(second.observations[0], first.last_observations)
+    else:  # the serial backend never moves an env: episodes simply continue
+        assert not second.episode_starts[0].any()
+        np.testing.assert_array_equal(second.observations[0], first.last_observations)
+
+
+def test_torch_mlp_policy_within_rounding():
+    """A real network: identical discrete actions and data, values within float rounding."""
+    torch = pytest.importorskip("torch")
+    from auturi import TorchPolicy
+    from auturi.nets import MLPActorCritic
+
+    torch.manual_seed(0)
+    env_fn = counting()
+    policy = TorchPolicy(functools.partial(MLPActorCritic, 4, 3), env_fn().action_space)
+    ref = run("serial", Config.serial(N), env_fn, policy=policy)
+    cfg = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+    got = run("shm", cfg, env_fn, policy=policy)
+    for ra, rb in zip(ref, got):
+        for k in ("observations", "actions", "rewards", "terminated", "truncated", "episode_starts"):
+            np.testing.assert_array_equal(getattr(ra, k), getattr(rb, k), err_msg=k)
+        for k in ("values", "log_probs"):
+            np.testing.assert_allclose(ra.extras[k], rb.extras[k], rtol=1e-5, atol=1e-6)
