@@ -53,12 +53,14 @@ class ArrayBlock:
         else:
             buf = bytearray(size)
             self.name = ""
-        self.arrays: dict[str, np.ndarray] = {
-            n: np.ndarray(shape, dtype=np.dtype(dt), buffer=buf, offset=off) for n, shape, dt, off in layout
-        }
-        if create:
-            for a in self.arrays.values():
-                a.fill(0)
+        try:
+            self.arrays: dict[str, np.ndarray] = {
+                n: np.ndarray(shape, dtype=np.dtype(dt), buffer=buf, offset=off) for n, shape, dt, off in layout
+            }
+        except BaseException:  # Ctrl-C here must not leave the segment behind
+            del buf
+            self.close()
+            raise
 
     @classmethod
     def create(cls, specs: Iterable[tuple[str, tuple[int, ...], Any]], shared: bool) -> "ArrayBlock":

@@ -60,7 +60,10 @@ def read_name(ctrl: ArrayBlock, k: int) -> str:
 
 
 def write_error(ctrl: ArrayBlock, slot: int, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if isinstance(exc, WorkerError):  # an actor passing on its worker's failure: keep its origin
+        text = f"@worker {exc.worker}\n@reason {exc.reason}\n{exc.traceback}"
+    else:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     raw = text.encode(errors="replace")[-(ERR_BYTES - 1):]
     ctrl["err"][slot] = 0
     ctrl["err"][slot, : len(raw)] = np.frombuffer(raw, np.uint8)
@@ -69,6 +72,17 @@ def write_error(ctrl: ArrayBlock, slot: int, exc: BaseException) -> None:
 
 def read_error(ctrl: ArrayBlock, slot: int) -> str:
     return bytes(ctrl["err"][slot]).rstrip(b"\0").decode(errors="replace")
+
+
+def raise_worker_error(ctrl: ArrayBlock, slot: int, name: str, config: Any) -> None:
+    """Raise the failure reported in ``slot``, naming the worker where it started."""
+    text, reason = read_error(ctrl, slot), "raised an exception"
+    if text.startswith("@worker "):
+        head, _, text = text.partition("\n")
+        name = head[len("@worker "):] + f" (via {name})"
+        head, _, text = text.partition("\n")
+        reason = head[len("@reason "):]
+    raise WorkerError(name, reason, text, config)
 
 
 class RemoteLane:
@@ -121,7 +135,7 @@ class Waiter:
             self._acquire()
         for lane in done:
             if self.ctrl["status"][lane.slot] == ERROR:
-                raise WorkerError(lane.name, "raised an exception", read_error(self.ctrl, lane.slot), self.config)
+                raise_worker_error(self.ctrl, lane.slot, lane.name, self.config)
         return done
 
     def wait_all(self, lanes: list[RemoteLane]) -> None:

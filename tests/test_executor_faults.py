@@ -1,0 +1,142 @@
+"""Faults: every failure surfaces as WorkerError with the child's traceback, and leaves no
+process and no shared-memory segment (the autouse fixture in conftest checks both)."""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import psutil
+import pytest
+
+from auturi import AuturiError, Config, WorkerError, make_executor
+from auturi.envs import FaultyEnv
+from tests.conftest import our_segments
+from tests.helpers import ObsHashPolicy, RaisingPolicy, SuicideEnv
+
+ENV_IN_WORKER = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
+ENV_IN_ACTOR = Config(num_actors=2, envs_per_actor=2)
+REPLICAS = Config(num_actors=1, envs_per_actor=4, policies_per_actor=2, policy_batch_size=2)
+
+
+def executor(env_fn, config, policy_cls=ObsHashPolicy):
+    return make_executor(env_fn, policy_cls(env_fn().action_space), num_envs=4, config=config, backend="shm")
+
+
+@pytest.mark.parametrize("config", [ENV_IN_WORKER, ENV_IN_ACTOR], ids=["env_worker", "actor"])
+@pytest.mark.parametrize("where", ["step", "reset"])
+def test_env_exception_surfaces_with_traceback(config, where):
+    kw = {"fail_step": 5} if where == "step" else {"fail_reset": 2}  # reset 1 is the first one
+    env_fn = functools.partial(FaultyEnv, max_len=3, **kw)
+    ex = executor(env_fn, config)
+    with pytest.raises(WorkerError) as e:
+        for _ in range(5):
+            ex.collect(4)
+    err = e.value
+    assert f"FaultyEnv: {where}" in err.traceback and "RuntimeError" in err.traceback
+    assert ("env worker" in err.worker) if config is ENV_IN_WORKER else err.worker.startswith("actor")
+    assert err.config == config and str(config) in str(err)
+    with pytest.raises(AuturiError, match="closed"):
+        ex.collect(4)
+
+
+def test_env_exception_in_serial_config_propagates_as_is():
+    ex = executor(functools.partial(FaultyEnv, fail_step=2), Config.serial(4))
+    with pytest.raises(RuntimeError, match="FaultyEnv: step"):
+        ex.collect(4)
+
+
+@pytest.mark.parametrize("config", [REPLICAS, Config(num_actors=2, envs_per_actor=2, policies_per_actor=2)],
+                         ids=["replica", "replica_in_actor_process"])
+def test_policy_exception_surfaces(config):
+    env_fn = functools.partial(FaultyEnv)
+    ex = executor(env_fn, config, RaisingPolicy)
+    ex.collect(2)
+    ex.set_policy_state({"w": np.array(1.0)})
+    with pytest.raises(WorkerError) as e:
+        ex.collect(2)
+    assert "RaisingPolicy fails on purpose" in e.value.traceback
+    assert "policy replica" in e.value.worker
+
+
+@pytest.mark.parametrize("config", [ENV_IN_WORKER, ENV_IN_ACTOR], ids=["env_worker", "actor"])
+def test_worker_killed_mid_collect(config):
+    env_fn = functools.partial(SuicideEnv, kill_step=3, main_pid=os.getpid())
+    ex = executor(env_fn, config)
+    with pytest.raises(WorkerError, match="SIGKILL") as e:
+        ex.collect(10)
+    assert e.value.traceback == ""
+
+
+def test_replica_killed_between_collects():
+    ex = executor(functools.partial(FaultyEnv), REPLICAS)
+    ex.collect(2)
+    victim = next(s.proc for s in ex._slots if s.kind == "policy")
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match="policy replica 0.*SIGKILL"):
+        ex.collect(2)
+
+
+def test_bad_env_factory_fails_at_construction():
+    def broken():
+        raise OSError("simulator license not found")
+
+    calls = []
+
+    def sometimes_broken():  # the probe in the caller works, the workers' copies fail
+        calls.append(1)
+        if os.getpid() != main_pid:
+            raise OSError("simulator license not found")
+        return FaultyEnv()
+
+    main_pid = os.getpid()
+    with pytest.raises(OSError, match="license"):
+        make_executor(broken, ObsHashPolicy(FaultyEnv().action_space), num_envs=2, backend="shm")
+    with pytest.raises(WorkerError, match="license"):
+        make_executor(sometimes_broken, ObsHashPolicy(FaultyEnv().action_space), num_envs=4, config=ENV_IN_WORKER,
+                      backend="shm")
+
+
+def test_close_is_idempotent_and_frees_everything():
+    ex = executor(functools.partial(FaultyEnv), Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2,
+                                                      policies_per_actor=2))
+    ex.collect(3)
+    pids = [s.proc.pid for s in ex._slots]
+    assert len(pids) == 2 + 2 * (2 + 2)
+    ex.close()
+    ex.close()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import functools, sys
+    from auturi import Config, make_executor
+    from auturi.envs import SlowEnv
+    from tests.helpers import ObsHashPolicy
+    env_fn = functools.partial(SlowEnv, step_seconds=0.01)
+    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2)
+    ex = make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4, config=cfg, backend="shm")
+    ex.collect(20)
+    print(" ".join(str(s.proc.pid) for s in ex._slots), flush=True)
+    print("collecting", flush=True)
+    while True:
+        ex.collect(20)
+""")
+
+
+def test_ctrl_c_leaves_nothing_behind():
+    before = our_segments()
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    pids = [int(x) for x in p.stdout.readline().split()]
+    assert p.stdout.readline().strip() == "collecting"  # the script is inside collect now
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "KeyboardInterrupt" in err
+    alive = [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"orphans after Ctrl-C: {alive}"
+    assert our_segments() - before == set()
