@@ -45,24 +45,37 @@ class EnvRunner:
         self.fresh = False
 
     def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:
-        """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``."""
+        """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``.
+
+        Reads and writes go through one fancy-indexed numpy operation per array for the
+        whole task rather than one per env: per-env numpy scalar access cost as much as a
+        CartPole step."""
         a = self.a
-        obs, starts, actions = a["obs"], a["starts"], a["actions"]
-        rewards, term, trunc = a["rewards"], a["terminated"], a["truncated"]
-        envs, finals, discrete = self.envs, self.finals, self._discrete
+        ts = np.asarray(ts, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        acts = a["actions"][ts, ids]
+        acts_in = acts.tolist() if self._discrete else list(acts)  # the gather above copied
+        envs, finals = self.envs, self.finals
+        n = len(ids)
+        new_obs: list = [None] * n
+        rews = [0.0] * n
+        terms = [False] * n
+        truncs = [False] * n
         t0 = time.perf_counter()
-        for t, i in zip(np.asarray(ts).tolist(), np.asarray(ids).tolist()):
-            act = actions[t, i]
-            o, r, te, tr, info = envs[i].step(int(act) if discrete else act.copy())
-            rewards[t, i] = r
-            term[t, i] = te
-            trunc[t, i] = tr
+        for k, i in enumerate(ids.tolist()):
+            env = envs[i]
+            o, rews[k], te, tr, info = env.step(acts_in[k])
             if te or tr:
-                finals[(t, i)] = (np.asarray(o).copy(), info)
-                o, _ = envs[i].reset()
-            obs[t + 1, i] = o
-            starts[t + 1, i] = te or tr
+                finals[(int(ts[k]), i)] = (np.asarray(o).copy(), info)
+                o, _ = env.reset()
+                terms[k], truncs[k] = te, tr
+            new_obs[k] = o
         self.env_seconds += time.perf_counter() - t0
+        a["rewards"][ts, ids] = rews
+        a["terminated"][ts, ids] = terms
+        a["truncated"][ts, ids] = truncs
+        a["starts"][ts + 1, ids] = np.logical_or(terms, truncs)
+        a["obs"][ts + 1, ids] = new_obs if n == 1 else np.stack(new_obs)
 
     def take_finals(self) -> dict[tuple[int, int], tuple[np.ndarray, dict]]:
         f, self.finals = self.finals, {}

@@ -17,7 +17,7 @@ from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 
 
-def _no_remote(lanes):  # the serial backend has no remote lane to wait for
+def _no_remote():  # the serial backend has no remote lane to wait for
     raise AssertionError("serial backend waited for a remote lane")
 
 

@@ -47,11 +47,15 @@ def get_context(start_method: str | None = None) -> mp.context.BaseContext:
     return ctx
 
 
-def _usable_cores() -> int:
+def _usable_cores_set() -> set[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def _usable_cores() -> int:
+    return len(_usable_cores_set())
 
 
 class _Slot:
@@ -141,11 +145,13 @@ class ShmExecutor(Executor):
 
         common = {"seed": self.seed, "generation": self._generation, "device": config.policy_device,
                   "threads": threads}
+        cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
             for w, (slot, _, _) in enumerate(la["env"]):
                 lo = config.actor_env_ids(a)[0] + w * k
-                start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k))})
+                cpu = cores[(a * config.env_parallel_degree + w) % len(cores)] if os.environ.get("AUTURI_PIN", "1") == "1" else None
+                start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k)), "cpus": {cpu} if cpu is not None else None})
             for slot, _, _ in la["policy"]:
                 start(slot, "policy", done_sems[a], common)
             if config.num_actors > 1:
@@ -163,7 +169,8 @@ class ShmExecutor(Executor):
             if self._block is not None:
                 self._host.bind(self._block.arrays)
         else:
-            self._actor_lanes = [RemoteLane(s, self._ctrl, slots[s].start_sem, slots[s].name) for s in actor_slots]
+            self._actor_lanes = [RemoteLane(s, self._ctrl, slots[s].start_sem, slots[s].name, self._main_waiter)
+                                 for s in actor_slots]
 
     def _policy_threads(self, config: Config) -> int:
         """Torch threads of each CPU replica: the cores env workers leave free, shared out."""
@@ -194,7 +201,7 @@ class ShmExecutor(Executor):
             assert self._main_waiter is not None
             for lane in self._actor_lanes:
                 lane.command(TASK, num_steps)
-            self._main_waiter.wait_all(self._actor_lanes)
+            self._main_waiter.wait_all([])
         total = self._ctrl["timing"].sum(axis=0)
         if self._host is not None:
             total = total + np.array(self._host.seconds())
