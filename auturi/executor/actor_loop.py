@@ -81,6 +81,28 @@ class ActorLoop:
                     env0.runner.step([t] * len(ids_list), ids_list)  # type: ignore[attr-defined]
 
             self._plain_loop = plain
+        elif len(policy_lanes) == 1 and not pol0.remote and batch_size >= len(env_ids):
+            # Lockstep (SubprocVecEnv-like points): one replica acting for all envs at once,
+            # so every env is always at the same row: act on a contiguous slice, hand each
+            # env lane its fixed envs, wait for all. No per-env bookkeeping at all.
+            lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
+            per = self.per_lane
+            lane_ids = [self.env_ids[d * per:(d + 1) * per] for d in range(len(env_lanes))]
+            remote = sum(1 for lane in env_lanes if lane.remote)
+
+            def lockstep(num_steps: int) -> None:
+                for t in range(num_steps):
+                    pol0.runner.act_slice(t, lo, hi)  # type: ignore[attr-defined]
+                    row = np.full(per, t, dtype=np.int64)
+                    for d, lane in enumerate(env_lanes):
+                        lane.submit(row, lane_ids[d])
+                    left = remote
+                    while left:
+                        t0 = time.perf_counter()
+                        left -= len(self.wait())
+                        self.wait_seconds += time.perf_counter() - t0
+
+            self._plain_loop = lockstep
 
     def run(self, num_steps: int) -> None:
         if self._plain_loop is not None:
