@@ -144,7 +144,29 @@ def main(argv=None) -> dict:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
+    print()
+    print(markdown(results))
     return results
+
+
+def markdown(results: dict) -> str:
+    """The table for docs/benchmarks.md, from the JSON (never typed by hand)."""
+    cols = ["auturi_degree_N", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy"]
+    out = [f"Machine: {results['machine']}  ", f"Command: `{results['command']}`", "",
+           "| N | " + " | ".join(cols) + " | degN/Subproc | degN/Async | deg2/Dummy | serial/Dummy |",
+           "|---:|" + "---:|" * (len(cols) + 4)]
+    for row in results["rows"]:
+        cells = []
+        for c in cols:
+            cells.append(f"{row[c]['median']:,.0f} ±{100 * row[c]['spread']:.0f}%" if c in row else "-")
+        ratios = [row.get("ratio_degreeN_vs_subproc"), row.get("ratio_degreeN_vs_async"),
+                  row.get("ratio_degree2_vs_dummy"), row.get("ratio_serial_vs_dummy")]
+        cells += [f"{r:.2f}x" if r is not None else "-" for r in ratios]
+        out.append(f"| {row['n']} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(f"Idle CPU of 16 idle env workers between collects: "
+               f"{results['idle_worker_cpu_percent_16_workers']:.2f}% of one core.")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -187,3 +187,38 @@ def test_torch_mlp_policy_within_rounding():
             np.testing.assert_array_equal(getattr(ra, k), getattr(rb, k), err_msg=k)
         for k in ("values", "log_probs"):
             np.testing.assert_allclose(ra.extras[k], rb.extras[k], rtol=1e-5, atol=1e-6)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="requires a CUDA GPU")
+@pytest.mark.parametrize("config", [
+    Config(num_actors=1, envs_per_actor=4, policy_device="cuda"),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1,
+           policy_device="cuda"),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1,
+           policy_device="cuda"),
+], ids=ids)
+def test_cuda_replicas_match_the_cpu_serial_rollout(config):
+    """Replicas on the GPU: same data as the CPU serial run, values within float rounding."""
+    import torch
+
+    from auturi import TorchPolicy
+    from auturi.nets import MLPActorCritic
+
+    torch.manual_seed(0)
+    env_fn = counting()
+    policy = TorchPolicy(functools.partial(MLPActorCritic, 4, 3), env_fn().action_space)
+    ref = run("serial", Config.serial(N), env_fn, policy=policy)
+    got = run("shm", config, env_fn, policy=policy)
+    for ra, rb in zip(ref, got):
+        for k in ("observations", "actions", "rewards", "terminated", "truncated", "episode_starts"):
+            np.testing.assert_array_equal(getattr(ra, k), getattr(rb, k), err_msg=k)
+        for k in ("values", "log_probs"):
+            np.testing.assert_allclose(ra.extras[k], rb.extras[k], rtol=1e-4, atol=1e-5)
