@@ -42,7 +42,9 @@ def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> l
     """One factory per env. ``num_envs`` may be None only when ``env`` is a list."""
     if isinstance(env, str):
         if is_envpool(env):
-            raise ValueError("EnvPool ids are handled by auturi.adapters.envpool, not as factories")
+            from auturi.adapters.envpool import EnvPoolSource
+
+            return [EnvPoolSource(env[len(ENVPOOL_PREFIX):], **make_kwargs)] * _need(num_envs)
         if env not in gym.registry:
             close = [k for k in gym.registry if k.lower().startswith(env.split("-")[0].lower())][:5]
             hint = f" Similar ids: {close}." if close else ""

@@ -222,3 +222,22 @@ def test_cuda_replicas_match_the_cpu_serial_rollout(config):
             np.testing.assert_array_equal(getattr(ra, k), getattr(rb, k), err_msg=k)
         for k in ("values", "log_probs"):
             np.testing.assert_allclose(ra.extras[k], rb.extras[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=2, envs_per_actor=2),
+], ids=ids)
+def test_envpool_id_as_the_env_side(config):
+    """An EnvPool id runs EnvPool's threaded pool inside each env host, same data as serial."""
+    pytest.importorskip("envpool")
+    from auturi.adapters.envpool import EnvPoolSource
+
+    def go(backend, cfg):
+        policy = ObsHashPolicy(EnvPoolSource("CartPole-v1").action_space)
+        with make_executor("envpool:CartPole-v1", policy, num_envs=N, config=cfg, backend=backend, seed=5) as ex:
+            return [ex.collect(s) for s in (30, 20)]
+
+    ref = go("serial", Config.serial(N))
+    assert sum(len(r.final_observations) for r in ref) > 0  # episodes ended and were reset
+    assert_same(go("shm", config), ref)

@@ -88,3 +88,14 @@ class EnvRunner:
             except Exception:  # closing is best effort; the process may be going down
                 pass
         self.envs = {}
+
+
+def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
+                    generation: int = 0):
+    """The runner for these envs: EnvPool's own threaded pool for an EnvPool source (the
+    thesis' Fig. 5.2 lets an actor's env side be any vectorised env), else an EnvRunner."""
+    from auturi.adapters.envpool import EnvPoolRunner, EnvPoolSource
+
+    if isinstance(env_fns[env_ids[0]], EnvPoolSource):
+        return EnvPoolRunner(env_ids, env_fns[env_ids[0]], seed, generation)
+    return EnvRunner(env_ids, env_fns, seed, generation)

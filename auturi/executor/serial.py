@@ -12,7 +12,7 @@ import numpy as np
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop
 from auturi.executor.base import Executor
-from auturi.executor.env_runner import EnvRunner
+from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 
@@ -32,7 +32,7 @@ class SerialExecutor(Executor):
 
     def _apply_config(self, config: Config) -> None:
         if self._envs is None:
-            self._envs = EnvRunner(range(self.num_envs), self.env_fns, self.seed)
+            self._envs = make_env_runner(range(self.num_envs), self.env_fns, self.seed)
             self._policy = PolicyRunner(self.policy)
             self.policy.to(config.policy_device)
         elif config.policy_device != (self._config.policy_device if self._config else "cpu"):

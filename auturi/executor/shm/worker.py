@@ -14,7 +14,7 @@ import numpy as np
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop
 from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
-from auturi.executor.env_runner import EnvRunner
+from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, TASK, RemoteLane, Waiter, parent_watch,
@@ -79,7 +79,7 @@ class ActorHost:
         if lanes["env"]:
             env_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["env"]]
         else:
-            self.local_envs = EnvRunner(ids, env_fns, seed, generation)
+            self.local_envs = make_env_runner(ids, env_fns, seed, generation)
             env_lanes = [LocalEnvLane(self.local_envs, f"envs of actor {actor}")]
         if lanes["policy"]:
             pol_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["policy"]]
@@ -145,7 +145,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     try:
         env_fns, policy = cloudpickle.loads(payload)
         if kind == "env":
-            obj = EnvRunner(info["env_ids"], env_fns, info["seed"], info["generation"])
+            obj = make_env_runner(info["env_ids"], env_fns, info["seed"], info["generation"])
         elif kind == "policy":
             policy.to(info["device"])
             obj = PolicyRunner(policy)

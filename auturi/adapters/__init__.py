@@ -1,0 +1,1 @@
+"""Adapters that plug other env engines into auturi's executors."""
