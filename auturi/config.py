@@ -37,8 +37,10 @@ class Config:
     envs_per_actor: int = 1
     """Envs owned by one actor (>= 1)."""
     env_parallel_degree: int = 1
-    """Env worker processes inside an actor; each steps ``envs_per_actor / degree`` envs in
-    turn. 1 = the envs step in the actor's own process. Must divide ``envs_per_actor``."""
+    """How many places step an actor's envs in parallel, each ``envs_per_actor / degree``
+    envs in turn: the actor's own process steps the first share and ``degree - 1`` env worker
+    processes step the others. 1 = all envs step in the actor's own process. Must divide
+    ``envs_per_actor``."""
     policies_per_actor: int = 1
     """Policy replicas inside an actor (1 .. envs_per_actor). 1 = inference runs in the
     actor's own process; more = that many inference worker processes."""
@@ -97,7 +99,7 @@ class Config:
     def num_processes(self) -> int:
         """Processes this config starts besides the caller's."""
         actors = self.num_actors if self.num_actors > 1 else 0
-        envs = self.env_parallel_degree if self.env_parallel_degree > 1 else 0
+        envs = self.env_parallel_degree - 1
         pols = self.policies_per_actor if self.policies_per_actor > 1 else 0
         return actors + self.num_actors * (envs + pols)
 

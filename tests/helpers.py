@@ -7,7 +7,7 @@ import signal
 import gymnasium as gym
 import numpy as np
 
-from auturi.envs import CountingEnv
+from auturi.envs import CountingEnv, FaultyEnv
 
 
 class ObsHashPolicy:
@@ -59,3 +59,12 @@ class SuicideEnv(CountingEnv):
         if self._n >= self.kill_step and os.getpid() != self.main_pid:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().step(action)
+
+
+class WorkerOnlyFaultyEnv(FaultyEnv):
+    """A FaultyEnv whose faults fire only outside the caller's process."""
+
+    def __init__(self, main_pid: int, **kw):
+        super().__init__(**kw)
+        if os.getpid() == main_pid:
+            self.fail_step = self.fail_reset = None

@@ -29,7 +29,7 @@ def test_json_round_trip_and_str():
                policy_device="cuda:1", policy_batch_size=4)
     assert Config.from_json(c.to_json()) == c
     assert str(c) == "actors=2 x envs=8 | env_degree=4 | policies=2@cuda:1 batch=4"
-    assert c.num_processes == 2 + 2 * (4 + 2)
+    assert c.num_processes == 2 + 2 * (3 + 2)
 
 
 def test_unknown_key_in_json_is_named():

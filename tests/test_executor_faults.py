@@ -16,7 +16,7 @@ import pytest
 from auturi import AuturiError, Config, WorkerError, make_executor
 from auturi.envs import FaultyEnv
 from tests.conftest import our_segments
-from tests.helpers import ObsHashPolicy, RaisingPolicy, SuicideEnv
+from tests.helpers import ObsHashPolicy, RaisingPolicy, SuicideEnv, WorkerOnlyFaultyEnv
 
 ENV_IN_WORKER = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
 ENV_IN_ACTOR = Config(num_actors=2, envs_per_actor=2)
@@ -31,7 +31,8 @@ def executor(env_fn, config, policy_cls=ObsHashPolicy):
 @pytest.mark.parametrize("where", ["step", "reset"])
 def test_env_exception_surfaces_with_traceback(config, where):
     kw = {"fail_step": 5} if where == "step" else {"fail_reset": 2}  # reset 1 is the first one
-    env_fn = functools.partial(FaultyEnv, max_len=3, **kw)
+    # fail only in worker processes: the actor steps one share of its envs in the caller
+    env_fn = functools.partial(WorkerOnlyFaultyEnv, main_pid=os.getpid(), max_len=3, **kw)
     ex = executor(env_fn, config)
     with pytest.raises(WorkerError) as e:
         for _ in range(5):
@@ -106,7 +107,7 @@ def test_close_is_idempotent_and_frees_everything():
                                                       policies_per_actor=2))
     ex.collect(3)
     pids = [s.proc.pid for s in ex._slots]
-    assert len(pids) == 2 + 2 * (2 + 2)
+    assert len(pids) == 2 + 2 * (1 + 2)
     ex.close()
     ex.close()
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)

@@ -68,6 +68,8 @@ class ActorLoop:
         self._index = {id(lane): ("env", k) for k, lane in enumerate(env_lanes)}
         self._index.update({id(lane): ("pol", k) for k, lane in enumerate(policy_lanes)})
         self._plain_loop = None
+        # Remote lanes first: they work in parallel while a local lane steps synchronously.
+        self._dispatch_order = sorted(enumerate(env_lanes), key=lambda dl: not dl[1].remote)
         env0, pol0 = env_lanes[0], policy_lanes[0]
         if (len(env_lanes) == 1 and len(policy_lanes) == 1 and not env0.remote and not pol0.remote
                 and batch_size >= len(env_ids)):
@@ -94,7 +96,7 @@ class ActorLoop:
                 for t in range(num_steps):
                     pol0.runner.act_slice(t, lo, hi)  # type: ignore[attr-defined]
                     row = np.full(per, t, dtype=np.int64)
-                    for d, lane in enumerate(env_lanes):
+                    for d, lane in self._dispatch_order:
                         lane.submit(row, lane_ids[d])
                     left = remote
                     while left:
@@ -156,7 +158,7 @@ class ActorLoop:
                         progress = True
                 # Env side: each free lane steps every env whose action is ready.
                 if n_pending:
-                    for d, lane in enumerate(self.env_lanes):
+                    for d, lane in self._dispatch_order:
                         if pending[d].size and d not in env_busy:
                             batch = pending[d].pop(pending[d].size)
                             n_pending -= len(batch)

@@ -3,8 +3,9 @@ all bulk data in shared memory, all waits blocking on semaphores.
 
 Process layout for a config (the caller's process is "main"):
 - ``num_actors == 1``: the actor runs in main; ``num_actors > 1``: one process per actor.
-- ``env_parallel_degree > 1``: that many env worker processes per actor, each stepping
-  ``envs_per_actor / degree`` envs in turn; degree 1: the envs step in the actor's process.
+- ``env_parallel_degree = d``: the envs are split in ``d`` equal shares; the actor's process
+  steps the first share itself and ``d - 1`` env worker processes step the others
+  (``AUTURI_LOCAL_SHARE=0``, for benchmarks, gives all ``d`` shares to workers instead).
 - ``policies_per_actor > 1``: that many replica processes per actor; 1: inference runs in
   the actor's process.
 Main creates every process and every shared block, so it alone ends and unlinks them.
@@ -45,6 +46,11 @@ def get_context(start_method: str | None = None) -> mp.context.BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+def _first_env_worker() -> int:
+    """1 when the actor steps the first share of its envs itself (see ActorHost)."""
+    return 1 if os.environ.get("AUTURI_LOCAL_SHARE", "1") == "1" else 0
 
 
 def _usable_cores_set() -> set[int]:
@@ -103,7 +109,7 @@ class ShmExecutor(Executor):
             la: dict[str, list] = {"env": [], "policy": []}
             if config.env_parallel_degree > 1:
                 k = config.envs_per_worker
-                for w in range(config.env_parallel_degree):
+                for w in range(_first_env_worker(), config.env_parallel_degree):
                     lo = config.actor_env_ids(a)[0] + w * k
                     s = _Slot("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", ctx.Semaphore(0))
                     la["env"].append((len(slots), s.start_sem, s.name))
@@ -133,7 +139,7 @@ class ShmExecutor(Executor):
         def start(slot: int, kind: str, done_sem: Any, info: dict) -> None:
             s = slots[slot]
             child_conn = None
-            if kind == "env" or (kind == "actor" and config.env_parallel_degree == 1):
+            if kind == "env" or (kind == "actor" and (config.env_parallel_degree == 1 or _first_env_worker())):
                 s.conn, child_conn = ctx.Pipe(duplex=False)
             s.proc = ctx.Process(
                 target=worker_main, name=f"auturi: {s.name}", daemon=True,
@@ -148,7 +154,7 @@ class ShmExecutor(Executor):
         cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
-            for w, (slot, _, _) in enumerate(la["env"]):
+            for w, (slot, _, _) in enumerate(la["env"], start=_first_env_worker()):
                 lo = config.actor_env_ids(a)[0] + w * k
                 cpu = cores[(a * config.env_parallel_degree + w) % len(cores)] if os.environ.get("AUTURI_PIN", "1") == "1" else None
                 start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k)), "cpus": {cpu} if cpu is not None else None})
@@ -176,7 +182,8 @@ class ShmExecutor(Executor):
         """Torch threads of each CPU replica: the cores env workers leave free, shared out."""
         if config.policy_device != "cpu":
             return 1
-        env_procs = config.num_actors * (config.env_parallel_degree if config.env_parallel_degree > 1 else 0)
+        env_procs = config.num_actors * (config.env_parallel_degree - _first_env_worker()
+                                         if config.env_parallel_degree > 1 else 0)
         replicas = config.num_actors * config.policies_per_actor
         return max(1, (_usable_cores() - env_procs) // replicas)
 

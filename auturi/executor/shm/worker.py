@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import cloudpickle
@@ -76,11 +77,13 @@ class ActorHost:
         self.local_envs: EnvRunner | None = None
         self.local_policy: PolicyRunner | None = None
         self.waiter = Waiter(done_sem, ctrl, check_health, config)
-        if lanes["env"]:
-            env_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["env"]]
-        else:
-            self.local_envs = make_env_runner(ids, env_fns, seed, generation)
-            env_lanes = [LocalEnvLane(self.local_envs, f"envs of actor {actor}")]
+        env_lanes: list = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["env"]]
+        if len(env_lanes) < config.env_parallel_degree:
+            # The actor steps the first share of its envs itself, between handing out the
+            # other shares and waiting for them: one process fewer, and the actor's core
+            # works instead of idling (an idle vCPU was measured to take ~0.3 ms to wake).
+            self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns, seed, generation)
+            env_lanes.insert(0, LocalEnvLane(self.local_envs, f"envs of actor {actor}"))
         if lanes["policy"]:
             pol_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["policy"]]
         else:
@@ -176,8 +179,15 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
            conn: Any, check_parent: Any) -> None:
     cmd_arr, seq, status, ntask, tasks, timing = (ctrl["cmd"], ctrl["seq"], ctrl["status"], ctrl["ntask"],
                                                   ctrl["tasks"], ctrl["timing"])
+    spin = float(os.environ.get("AUTURI_SPIN_US", "0")) * 1e-6
+    clock = time.perf_counter
     while True:
-        if not start_sem.acquire(timeout=1.0):
+        woke = False
+        if spin:
+            deadline = clock() + spin
+            while not woke and clock() < deadline:
+                woke = start_sem.acquire(False)
+        if not woke and not start_sem.acquire(timeout=1.0):
             check_parent()
             continue
         cmd = int(cmd_arr[slot])

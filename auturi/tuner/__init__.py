@@ -1,0 +1,38 @@
+"""The tuner: find, by measurement, the fastest :class:`~auturi.Config` for a workload.
+
+- :mod:`~auturi.tuner.space`: every valid config for the workload on this machine, with
+  pruned points and their reasons;
+- :mod:`~auturi.tuner.measure`: the protocol every strategy shares (reconfigure, warm-up,
+  measure until the 95% confidence interval is tight), and :class:`Trial`;
+- :mod:`~auturi.tuner.strategies`: ``grid``, ``optuna`` and ``model`` (the default);
+- :mod:`~auturi.tuner.profile`: component profiling and the analytic model;
+- :mod:`~auturi.tuner.tuner`: :class:`Tuner` (offline) and :class:`OnlineTuner`;
+- :mod:`~auturi.tuner.cache`: JSON results, fingerprints and the cache of past choices.
+
+Example:
+    >>> import gymnasium as gym, auturi
+    >>> from auturi.envs import CountingEnv
+    >>> from auturi.tuner import Tuner
+    >>> with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4,
+    ...                           backend="serial") as ex:
+    ...     result = Tuner(budget_trials=4, cache=False).tune(ex, num_steps=8)
+    ...     ex.config == result.choice
+    True
+"""
+from auturi.tuner.cache import (ResultsCache, hardware_fingerprint, load_record, resolve_cache_dir, save_record,
+                                workload_fingerprint)
+from auturi.tuner.measure import MeasureProtocol, Trial, mean_half_width, measure, remeasure_interleaved
+from auturi.tuner.profile import Profile, predict, profile_executor
+from auturi.tuner.space import SearchSpace, build_space
+from auturi.tuner.strategies import GridStrategy, ModelStrategy, OptunaStrategy, Strategy, make_strategy
+from auturi.tuner.tuner import OnlineTuner, TuneError, TuneResult, Tuner, TunerEvent
+
+__all__ = [
+    "Tuner", "OnlineTuner", "TuneResult", "TunerEvent", "TuneError",
+    "SearchSpace", "build_space",
+    "MeasureProtocol", "Trial", "measure", "remeasure_interleaved", "mean_half_width",
+    "Strategy", "GridStrategy", "OptunaStrategy", "ModelStrategy", "make_strategy",
+    "Profile", "profile_executor", "predict",
+    "ResultsCache", "hardware_fingerprint", "workload_fingerprint", "save_record", "load_record",
+    "resolve_cache_dir",
+]

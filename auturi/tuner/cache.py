@@ -1,0 +1,261 @@
+"""Results records, the fingerprints that key them, and the cache of past choices.
+
+A record is one JSON document per tuning run: the hardware fingerprint (CPU model, cores,
+memory, GPUs, torch version), the workload fingerprint (env, spaces, num_envs, policy,
+num_steps), every trial with all its samples, and the choice with the reason. The CLI, the
+status endpoint and the cache all read the same document.
+
+The cache keeps the latest record per (hardware, workload) key, one file each, under
+``$AUTURI_CACHE_DIR``, else ``$XDG_CACHE_HOME/auturi``, else ``~/.cache/auturi``; an explicit
+directory argument wins over all of them. A second run of the tuner measures the cached
+choice first and may stop early once that measurement confirms it.
+
+Example:
+    >>> import tempfile
+    >>> from auturi.tuner.cache import ResultsCache
+    >>> cache = ResultsCache(tempfile.mkdtemp())
+    >>> hw, wl = {"cpu_model": "x", "cores": 2}, {"env": "CartPole-v1", "num_envs": 8}
+    >>> path = cache.store({"hardware": hw, "workload": wl, "choice": {"config": {"envs_per_actor": 8}}})
+    >>> cache.load(hw, wl)["choice"]["config"]
+    {'envs_per_actor': 8}
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from auturi.config import Config
+
+RECORD_SCHEMA = 1
+CACHE_ENV_VAR = "AUTURI_CACHE_DIR"
+
+_ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+# ---------------------------------------------------------------------------- fingerprints
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _memory_gib() -> int | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _torch_info() -> tuple[str | None, list[str]]:
+    try:
+        import torch
+    except ImportError:
+        return None, []
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return str(torch.__version__), gpus
+
+
+def hardware_fingerprint() -> dict[str, Any]:
+    """What about this machine decides the best layout: CPU model, usable cores, memory,
+    GPUs, torch version, OS and architecture."""
+    from auturi.tuner.space import usable_cores
+
+    torch_version, gpus = _torch_info()
+    return {"cpu_model": _cpu_model(), "cores": usable_cores(), "logical_cpus": os.cpu_count(),
+            "memory_gib": _memory_gib(), "gpus": gpus, "torch": torch_version,
+            "platform": f"{platform.system()}-{platform.machine()}"}
+
+
+def describe_callable(fn: Any) -> str:
+    """A stable name for an env factory or model factory (no memory addresses)."""
+    env_id = getattr(fn, "env_id", None)
+    if isinstance(env_id, str):  # auturi.envs._MakeById: gym.make(id)
+        kw = getattr(fn, "kwargs", None)
+        return f"gym:{env_id}" + (f" {json.dumps(kw, sort_keys=True, default=repr)}" if kw else "")
+    if isinstance(fn, functools.partial):
+        args = [_ADDR.sub("", repr(a)) for a in fn.args]
+        args += [f"{k}={_ADDR.sub('', repr(v))}" for k, v in sorted(fn.keywords.items())]
+        return f"{describe_callable(fn.func)}({', '.join(args)})"
+    qual = getattr(fn, "__qualname__", None)
+    if qual is not None:
+        return f"{getattr(fn, '__module__', '?')}.{qual}"
+    t = type(fn)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _policy_description(policy: Any) -> dict[str, Any]:
+    if policy is None:
+        return {}
+    t = type(policy)
+    out: dict[str, Any] = {"class": f"{t.__module__}.{t.__qualname__}"}
+    model_fn = getattr(policy, "model_fn", None)
+    if model_fn is not None:
+        out["model"] = describe_callable(model_fn)
+    try:
+        state = policy.get_state()
+        shapes = sorted((k, list(getattr(v, "shape", ()))) for k, v in state.items())
+        out["parameters"] = sum(_prod(s) for _, s in shapes)
+        out["state_shapes"] = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12]
+    except Exception:  # a policy without a usable get_state still gets a fingerprint
+        pass
+    return out
+
+
+def _prod(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def workload_fingerprint(executor: Any, num_steps: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What about the workload decides the best layout: env, spaces, num_envs, policy,
+    num_steps and the backend. ``extra`` (e.g. ``{"workload": "cartpole"}``) is merged in."""
+    env_fns = getattr(executor, "env_fns", None) or []
+    names = sorted({describe_callable(f) for f in env_fns})
+    spec = getattr(executor, "spec", None)
+    fp: dict[str, Any] = {
+        "env": names[0] if len(names) == 1 else names,
+        "observation_space": _ADDR.sub("", repr(getattr(spec, "observation_space", None))) if spec else None,
+        "action_space": _ADDR.sub("", repr(getattr(spec, "action_space", None))) if spec else None,
+        "num_envs": int(getattr(executor, "num_envs", 0) or 0),
+        "policy": _policy_description(getattr(executor, "policy", None)),
+        "num_steps": int(num_steps),
+        "backend": str(getattr(executor, "backend", type(executor).__name__)),
+    }
+    if extra:
+        fp.update(extra)
+    return fp
+
+
+def fingerprint_key(hardware: dict[str, Any], workload: dict[str, Any]) -> str:
+    """A short, stable hash of both fingerprints (the cache file name)."""
+    blob = json.dumps({"hardware": hardware, "workload": workload}, sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------- records
+def save_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``record`` as JSON, atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=False, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def load_record(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a record written by :func:`save_record` (or ``TuneResult.save``)."""
+    with open(path) as f:
+        rec = json.load(f)
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path} is not an Auturi results record (expected a JSON object)")
+    return rec
+
+
+def resolve_cache_dir(directory: str | os.PathLike | None = None) -> Path:
+    """The cache directory: ``directory``, else ``$AUTURI_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/auturi``, else ``~/.cache/auturi``."""
+    if directory is not None:
+        return Path(directory).expanduser()
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "auturi"
+
+
+class ResultsCache:
+    """The latest record per (hardware, workload) fingerprint, one JSON file each."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        self.directory = resolve_cache_dir(directory)
+
+    def path(self, hardware: dict[str, Any], workload: dict[str, Any]) -> Path:
+        return self.directory / f"{fingerprint_key(hardware, workload)}.json"
+
+    def load(self, hardware: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any] | None:
+        """The cached record, or None (also for an unreadable file, with a warning)."""
+        p = self.path(hardware, workload)
+        if not p.exists():
+            return None
+        try:
+            return load_record(p)
+        except (OSError, ValueError) as e:
+            warnings.warn(f"ignoring unreadable Auturi cache file {p} ({e}); delete it to silence this",
+                          stacklevel=2)
+            return None
+
+    def store(self, record: dict[str, Any]) -> Path:
+        """Save ``record`` (it must hold ``hardware`` and ``workload``) under its key."""
+        try:
+            hw, wl = record["hardware"], record["workload"]
+        except KeyError as e:
+            raise ValueError(f"a results record needs 'hardware' and 'workload' fingerprints; missing {e}") from None
+        return save_record(record, self.path(hw, wl))
+
+    def best(self, hardware: dict[str, Any], workload: dict[str, Any]) -> tuple[Config, float | None] | None:
+        """The cached choice and its measured throughput, or None."""
+        rec = self.load(hardware, workload)
+        if not rec:
+            return None
+        return record_choice(rec)
+
+    def clear(self) -> int:
+        """Delete every cached record; returns how many."""
+        n = 0
+        if self.directory.is_dir():
+            for p in self.directory.glob("*.json"):
+                p.unlink()
+                n += 1
+        return n
+
+
+def record_choice(record: dict[str, Any]) -> tuple[Config, float | None] | None:
+    """``(config, steps/s)`` of a record's choice, or None if it has none."""
+    choice = record.get("choice") or {}
+    cfg = choice.get("config")
+    if not cfg:
+        return None
+    try:
+        return Config.from_dict(cfg), choice.get("throughput")
+    except (ValueError, TypeError):
+        return None
+
+
+def open_cache(cache: bool | str | os.PathLike | ResultsCache | None) -> ResultsCache | None:
+    """The tuners' ``cache`` argument: None/True the default directory, False none, a path
+    that directory, or a :class:`ResultsCache`."""
+    if cache is False:
+        return None
+    if cache is None or cache is True:
+        return ResultsCache()
+    if isinstance(cache, ResultsCache):
+        return cache
+    return ResultsCache(cache)
+

@@ -1,0 +1,253 @@
+"""The search space: every valid :class:`~auturi.Config` for a workload on this machine.
+
+The total number of envs is fixed by default, because changing it changes the learning
+algorithm (batch size, sample correlation); a range of totals is opt-in. Points that are
+valid configs but make no sense here are *pruned*, and each keeps the reason, so the CLI and
+the results file can say why a layout was never tried.
+
+Knob values:
+- ``num_actors``: divisors of the total (each actor owns the same number of envs);
+- ``env_parallel_degree``: divisors of ``envs_per_actor`` (the Config rule);
+- ``policies_per_actor`` and ``policy_batch_size``: divisors of ``envs_per_actor``, with
+  ``policies * batch <= envs_per_actor`` (a replica beyond ``envs / batch`` could never get a
+  full batch, so it would only add a process).
+
+Example:
+    >>> from auturi.tuner.space import build_space
+    >>> s = build_space(8, cores=2, devices=["cpu"])
+    >>> len(s.configs) > 0 and all(c.num_envs == 8 for c in s.configs)
+    True
+    >>> s.summary().startswith(f"{len(s.configs)} configs")
+    True
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence, Union
+
+from auturi.config import Config
+
+#: A config with more processes than this many times the usable cores is pruned: beyond it
+#: the processes only time-slice, and start-up alone costs seconds per trial.
+MAX_PROCESSES_PER_CORE = 4
+#: CUDA replicas per GPU beyond which a config is pruned: each holds its own CUDA context
+#: (hundreds of MB of GPU memory) and kernels from many processes only time-slice.
+MAX_CUDA_REPLICAS = 8
+
+Pruned = tuple[Union[Config, dict], str]
+
+
+def divisors(n: int) -> list[int]:
+    """Sorted divisors of ``n`` (``n >= 1``)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _cuda_device_count() -> int:
+    # Imported here: building a space for a CPU-only workload should not need torch
+    # initialised, and env workers never build spaces.
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def available_devices() -> list[str]:
+    """``["cpu"]`` plus ``"cuda"`` when torch sees a GPU."""
+    return ["cpu"] + (["cuda"] if _cuda_device_count() > 0 else [])
+
+
+def _device_problem(device: str, cuda_count: int) -> str | None:
+    if device == "cpu":
+        return None
+    if cuda_count == 0:
+        return "cuda unavailable (torch.cuda.is_available() is False)"
+    idx = int(device.split(":")[1]) if ":" in device else 0
+    if idx >= cuda_count:
+        return f"cuda unavailable: {device} does not exist ({cuda_count} CUDA device(s))"
+    return None
+
+
+def _reason_kind(reason: str) -> str:
+    """The reason with its numbers blanked, to count pruned points by kind."""
+    return re.sub(r"\s*\(\d+\)", "", reason.split(":")[0])
+
+
+@dataclass
+class SearchSpace:
+    """Valid configs (``configs``) and pruned points with their reason (``pruned``).
+
+    ``configs`` are in a fixed, deterministic order (by total, then actors, degree, replicas,
+    batch and device); the grid strategy walks them in that order.
+    """
+
+    totals: tuple[int, ...]
+    """The totals of envs the space covers (one, unless a range was asked for)."""
+    cores: int
+    """Usable cores the pruning rules assumed."""
+    devices: tuple[str, ...]
+    """Devices asked for (pruned ones included)."""
+    configs: list[Config] = field(default_factory=list)
+    """Every config worth measuring."""
+    pruned: list[Pruned] = field(default_factory=list)
+    """``(config or knob dict, reason)`` for every point left out."""
+
+    def __post_init__(self) -> None:
+        self._index = {c: i for i, c in enumerate(self.configs)}
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def __iter__(self) -> Iterator[Config]:
+        return iter(self.configs)
+
+    def __contains__(self, config: object) -> bool:
+        return config in self._index
+
+    def index(self, config: Config) -> int:
+        """Position of ``config`` in ``configs`` (ValueError if absent)."""
+        try:
+            return self._index[config]
+        except KeyError:
+            raise ValueError(f"{config} is not in this search space") from None
+
+    def reason_pruned(self, config: Config) -> str | None:
+        """Why ``config`` was pruned, or None if it was not."""
+        for c, why in self.pruned:
+            if c == config:
+                return why
+        return None
+
+    def values(self, knob: str) -> list:
+        """Sorted distinct values one knob takes over ``configs``."""
+        return sorted({getattr(c, knob) for c in self.configs}, key=lambda v: (str(type(v)), v))
+
+    def sizes(self) -> dict:
+        """Counts, for reports: configs, pruned, and pruned by kind of reason."""
+        by_kind: dict[str, int] = {}
+        for _, why in self.pruned:
+            k = _reason_kind(why)
+            by_kind[k] = by_kind.get(k, 0) + 1
+        return {"configs": len(self.configs), "pruned": len(self.pruned), "pruned_by_reason": by_kind,
+                "totals": list(self.totals), "cores": self.cores, "devices": list(self.devices)}
+
+    def summary(self) -> str:
+        """One line, e.g. ``"113 configs for 16 envs on 2 cores (cpu); 62 pruned: ..."``."""
+        s = self.sizes()
+        totals = "/".join(str(t) for t in self.totals)
+        line = f"{s['configs']} configs for {totals} envs on {self.cores} cores ({', '.join(self.devices)})"
+        if s["pruned"]:
+            kinds = "; ".join(f"{n} {k}" for k, n in sorted(s["pruned_by_reason"].items(), key=lambda kv: -kv[1]))
+            line += f"; {s['pruned']} pruned ({kinds})"
+        return line
+
+    def neighbours(self, config: Config) -> list[Config]:
+        """Configs one step away from ``config``: the next smaller or larger value of one knob
+        (degree, replicas, batch) with the rest unchanged, the other device, or the next
+        actor count with the other knobs kept at the same share of an actor's envs."""
+        out: list[Config] = []
+        same_actor = [c for c in self.configs if c.num_actors == config.num_actors and c.num_envs == config.num_envs]
+        for knob in ("env_parallel_degree", "policies_per_actor", "policy_batch_size"):
+            others = [k for k in ("env_parallel_degree", "policies_per_actor", "policy_batch_size", "policy_device")
+                      if k != knob]
+            line = sorted((c for c in same_actor if all(getattr(c, k) == getattr(config, k) for k in others)),
+                          key=lambda c: getattr(c, knob))
+            out += _adjacent(line, config, lambda c: getattr(c, knob))
+        out += [c for c in same_actor if c.policy_device != config.policy_device
+                and (c.env_parallel_degree, c.policies_per_actor, c.policy_batch_size)
+                == (config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size)]
+        actor_counts = sorted({c.num_actors for c in self.configs if c.num_envs == config.num_envs})
+        if config.num_actors in actor_counts:
+            k = actor_counts.index(config.num_actors)
+            for a in actor_counts[max(0, k - 1):k] + actor_counts[k + 1:k + 2]:
+                cands = [c for c in self.configs if c.num_actors == a and c.num_envs == config.num_envs]
+                if cands:
+                    best = min(_shape_distance(c, config) for c in cands)
+                    out += [c for c in cands if _shape_distance(c, config) == best]
+        seen: set[Config] = set()
+        return [c for c in out if c != config and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
+
+
+def _adjacent(line: list[Config], config: Config, key) -> list[Config]:
+    if config in line:
+        k = line.index(config)
+        return line[max(0, k - 1):k] + line[k + 1:k + 2]
+    # ``config`` is not in the space (a user's start config): take the closest values.
+    lo = [c for c in line if key(c) < key(config)]
+    hi = [c for c in line if key(c) > key(config)]
+    return lo[-1:] + hi[:1]
+
+
+def _shape_distance(a: Config, b: Config) -> float:
+    """How differently two configs split an actor, as shares of its envs (log2 units)."""
+    d = 0.0
+    for knob in ("env_parallel_degree", "policies_per_actor", "policy_batch_size"):
+        d += abs(math.log2(getattr(a, knob) / a.envs_per_actor) - math.log2(getattr(b, knob) / b.envs_per_actor))
+    return d + (4.0 if a.policy_device != b.policy_device else 0.0)
+
+
+def config_problem(config: Config, cores: int, cuda_count: int | None = None) -> str | None:
+    """Why ``config`` is not worth running on ``cores`` cores, or None."""
+    dev = _device_problem(config.policy_device, _cuda_device_count() if cuda_count is None else cuda_count)
+    if dev:
+        return dev
+    procs = config.num_processes
+    if procs > MAX_PROCESSES_PER_CORE * cores:
+        return f"more processes ({procs}) than {MAX_PROCESSES_PER_CORE}x cores ({cores})"
+    if config.policies_per_actor * config.policy_batch_size > config.envs_per_actor:
+        return (f"policies_per_actor*policy_batch_size ({config.policies_per_actor * config.policy_batch_size}) > "
+                f"envs_per_actor ({config.envs_per_actor}): a replica could never get a full batch")
+    if config.policy_device != "cpu" and config.num_actors * config.policies_per_actor > MAX_CUDA_REPLICAS:
+        return (f"more CUDA replicas ({config.num_actors * config.policies_per_actor}) than {MAX_CUDA_REPLICAS} "
+                f"(each holds its own CUDA context)")
+    return None
+
+
+def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[str] | None = None,
+                num_envs_options: Iterable[int] | None = None) -> SearchSpace:
+    """Every valid config for ``num_envs`` envs on this machine.
+
+    Args:
+        num_envs: the user's total envs; the space keeps it fixed.
+        cores: usable cores (default: this process's affinity).
+        devices: policy devices to consider (default ``["cpu"]`` plus ``"cuda"`` when
+            available). A CUDA device that does not exist is pruned with its reason.
+        num_envs_options: opt in to other totals (e.g. ``range(8, 33, 8)``): this changes
+            the learning algorithm, so it is never the default. ``num_envs`` is always kept.
+
+    Raises:
+        ValueError: a total is not a positive integer.
+    """
+    totals = sorted({int(num_envs), *(int(n) for n in (num_envs_options or ()))})
+    if totals[0] < 1:
+        raise ValueError(f"totals of envs must be >= 1, got {totals}")
+    cores = int(cores or usable_cores())
+    devs = tuple(devices) if devices is not None else tuple(available_devices())
+    cuda_count = _cuda_device_count() if any(d != "cpu" for d in devs) else 0
+    configs: list[Config] = []
+    pruned: list[Pruned] = []
+    for n in totals:
+        for a in divisors(n):
+            e = n // a
+            ds = divisors(e)
+            for d in ds:
+                for p in ds:
+                    for b in ds:
+                        for dev in devs:
+                            c = Config(num_actors=a, envs_per_actor=e, env_parallel_degree=d,
+                                       policies_per_actor=p, policy_device=dev, policy_batch_size=b)
+                            why = config_problem(c, cores, cuda_count)
+                            (pruned.append((c, why)) if why else configs.append(c))
+    return SearchSpace(totals=tuple(totals), cores=cores, devices=devs, configs=configs, pruned=pruned)

@@ -1,0 +1,695 @@
+"""The tuners: :class:`Tuner` (offline: measure, choose, reconfigure) and
+:class:`OnlineTuner` (inside training: every collect is a measurement).
+
+Both follow the same rules:
+
+- the user's starting config and the serial config are always measured, and the choice is
+  never a config measured slower than them;
+- a cached choice for the same hardware and workload is measured first;
+- progress goes to an optional ``callback(event)`` (:class:`TunerEvent`), and ``status()``
+  returns the current state as a plain dict, for a progress bar or a status endpoint.
+
+Example (offline):
+    >>> import gymnasium as gym, auturi
+    >>> from auturi.envs import CountingEnv
+    >>> from auturi.tuner import Tuner
+    >>> ex = auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4, backend="serial")
+    >>> result = Tuner(strategy="grid", budget_trials=3, cache=False).tune(ex, num_steps=8)
+    >>> ex.config == result.choice
+    True
+    >>> ex.close()
+
+Example (online, in a training loop)::
+
+    online = OnlineTuner(executor, budget_trials=12)
+    for update in range(1000):
+        rollout = online.collect(128)   # always the real rollout; the tuner measures it
+        learner.train(rollout)
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from auturi.config import Config
+from auturi.errors import AuturiError
+from auturi.tuner.cache import (RECORD_SCHEMA, ResultsCache, fingerprint_key, hardware_fingerprint, load_record,
+                                open_cache, record_choice, save_record, workload_fingerprint)
+from auturi.tuner.measure import (MeasureProtocol, Trial, TrialRecorder, measure, remeasure_interleaved,
+                                  throughput_of)
+from auturi.tuner.space import SearchSpace, build_space
+from auturi.tuner.strategies import Strategy, make_strategy
+
+Callback = Callable[["TunerEvent"], None]
+
+
+class TuneError(AuturiError):
+    """Tuning stopped because a config failed to run (the executor has closed itself).
+    ``trials`` holds every trial up to and including the failed one."""
+
+    def __init__(self, message: str, trials: list[Trial]):
+        super().__init__(message)
+        self.trials = trials
+
+
+@dataclass
+class TunerEvent:
+    """One progress report. ``kind`` is one of ``phase`` (the phase changed),
+    ``trial_start``, ``sample`` (``value`` is the sample in steps/s), ``trial_end``,
+    ``choice`` (offline result), ``locked`` (online lock-in), ``drop`` (online: throughput
+    fell), ``done``."""
+
+    kind: str
+    status: dict[str, Any]
+    trial: Trial | None = None
+    value: float | None = None
+    message: str = ""
+
+
+def _cfg(c: Config | None) -> dict[str, Any] | None:
+    return c.to_dict() if c is not None else None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if math.isfinite(x) else "?"
+
+
+# ---------------------------------------------------------------------------- result
+@dataclass
+class TuneResult:
+    """What an offline tuning run found. ``trials`` are the search trials in order
+    (baselines first), ``final`` the interleaved re-measure the choice was made on."""
+
+    choice: Config
+    reason: str
+    trials: list[Trial]
+    final: list[Trial]
+    start: Config
+    num_steps: int
+    strategy: dict[str, Any] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)
+    protocol: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    profile_seconds: float = 0.0
+    cache_hit: bool = False
+    mode: str = "offline"
+
+    def _trial_of(self, config: Config) -> Trial | None:
+        for pool in (self.final, self.trials[::-1]):
+            for t in pool:
+                if t.config == config and t.ok:
+                    return t
+        return None
+
+    @property
+    def choice_trial(self) -> Trial | None:
+        """The measurement the choice was made on."""
+        return self._trial_of(self.choice)
+
+    @property
+    def throughput(self) -> float:
+        t = self.choice_trial
+        return t.mean if t else math.nan
+
+    def speedup(self, versus: str = "start") -> float:
+        """The choice's throughput over the start (``"start"``) or serial (``"serial"``) config's."""
+        ref = self.start if versus == "start" else Config.serial(self.start.num_envs)
+        t = self._trial_of(ref)
+        return self.throughput / t.mean if t and t.mean > 0 else math.nan
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON results record (see :mod:`auturi.tuner.cache`)."""
+        from auturi import __version__
+
+        ct = self.choice_trial
+
+        def num(x: float) -> float | None:
+            return float(x) if math.isfinite(x) else None
+
+        return {
+            "schema": RECORD_SCHEMA, "auturi": __version__, "mode": self.mode,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "key": fingerprint_key(self.hardware, self.workload),
+            "hardware": self.hardware, "workload": self.workload,
+            "strategy": self.strategy, "space": self.space, "protocol": self.protocol, "budget": self.budget,
+            "num_steps": self.num_steps, "start": self.start.to_dict(), "cache_hit": self.cache_hit,
+            "seconds": self.seconds, "profile_seconds": self.profile_seconds,
+            "trials": [t.to_dict() for t in self.trials], "final": [t.to_dict() for t in self.final],
+            "choice": {"config": self.choice.to_dict(), "throughput": num(self.throughput),
+                       "half_width": num(ct.half_width) if ct else None, "why": self.reason,
+                       "speedup_vs_start": num(self.speedup("start")),
+                       "speedup_vs_serial": num(self.speedup("serial"))},
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "TuneResult":
+        return cls(choice=Config.from_dict(rec["choice"]["config"]), reason=rec["choice"].get("why", ""),
+                   trials=[Trial.from_dict(t) for t in rec.get("trials", [])],
+                   final=[Trial.from_dict(t) for t in rec.get("final", [])],
+                   start=Config.from_dict(rec["start"]), num_steps=rec.get("num_steps", 0),
+                   strategy=rec.get("strategy", {}), space=rec.get("space", {}), protocol=rec.get("protocol", {}),
+                   budget=rec.get("budget", {}), hardware=rec.get("hardware", {}), workload=rec.get("workload", {}),
+                   seconds=rec.get("seconds", 0.0), profile_seconds=rec.get("profile_seconds", 0.0),
+                   cache_hit=rec.get("cache_hit", False), mode=rec.get("mode", "offline"))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON record to ``path``."""
+        return save_record(self.to_record(), path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TuneResult":
+        return cls.from_record(load_record(path))
+
+    def table(self) -> str:
+        """The trials as a plain-text table, fastest first."""
+        rows = sorted((t for t in self.trials + self.final), key=lambda t: -t.score())
+        out = [f"{'steps/s':>12} {'+-':>8} {'n':>3} {'source':>7}  config"]
+        for t in rows:
+            if t.ok:
+                out.append(f"{_fmt(t.mean):>12} {_fmt(t.half_width):>8} {t.n:>3} {t.source:>7}  {t.config}")
+            else:
+                out.append(f"{t.status:>12} {'':>8} {t.n:>3} {t.source:>7}  {t.config}  {t.error or ''}")
+        return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- shared state
+class _Session:
+    """What both tuners share: budget, history, events, status."""
+
+    mode = "offline"
+
+    def __init__(self, strategy: str | Strategy, *, budget_trials: int | None, budget_seconds: float | None,
+                 protocol: MeasureProtocol, space: SearchSpace | None, devices: Sequence[str] | None,
+                 cores: int | None, cache: Any, callback: Callback | None, seed: int,
+                 strategy_kwargs: dict[str, Any] | None, workload: dict[str, Any] | None,
+                 clock: Callable[[], float]):
+        if budget_trials is not None and budget_trials < 1:
+            raise ValueError(f"budget_trials must be >= 1 (or None), got {budget_trials}")
+        if budget_seconds is not None and budget_seconds <= 0:
+            raise ValueError(f"budget_seconds must be > 0 (or None), got {budget_seconds}")
+        self.strategy = make_strategy(strategy, **(strategy_kwargs or {}))
+        self.budget_trials = budget_trials
+        if budget_trials is None and budget_seconds is None:
+            self.budget_trials = self.strategy.default_budget_trials
+        self.budget_seconds = budget_seconds
+        self.protocol = protocol
+        self.space = space
+        self.devices, self.cores = devices, cores
+        self.cache: ResultsCache | None = open_cache(cache)
+        self.callback = callback
+        self.seed = seed
+        self.workload_extra = workload
+        self.clock = clock
+        self.phase = "idle"
+        self.history: list[Trial] = []
+        self.final: list[Trial] = []
+        self.current: Trial | None = None
+        self.t0: float | None = None
+        self.hardware: dict[str, Any] = {}
+        self.workload: dict[str, Any] = {}
+        self.cached: tuple[Config, float | None] | None = None
+        self.profile_seconds = 0.0
+        self._prepared = False
+
+    # -- budget
+    def elapsed(self) -> float:
+        return 0.0 if self.t0 is None else self.clock() - self.t0
+
+    def deadline(self) -> float | None:
+        return None if self.budget_seconds is None or self.t0 is None else self.t0 + self.budget_seconds
+
+    def trials_left(self) -> int | None:
+        if self.budget_trials is None:
+            return None
+        return max(0, self.budget_trials - len(self.history))
+
+    def seconds_left(self) -> float | None:
+        if self.budget_seconds is None:
+            return None
+        return max(0.0, self.budget_seconds - self.elapsed())
+
+    def budget_spent(self) -> bool:
+        t, s = self.trials_left(), self.seconds_left()
+        return (t is not None and t <= 0) or (s is not None and s <= 0)
+
+    # -- bookkeeping
+    def best(self, trials: Sequence[Trial] | None = None) -> Trial | None:
+        """The fastest successfully measured trial."""
+        ok = [t for t in (self.history if trials is None else trials) if t.ok]
+        return max(ok, key=lambda t: t.mean) if ok else None
+
+    def _setup(self, executor: Any, num_steps: int) -> None:
+        self.t0 = self.clock()
+        n = int(executor.num_envs)
+        if self.space is None:
+            self.space = build_space(n, cores=self.cores, devices=self.devices)
+        elif set(self.space.totals) != {n}:
+            raise ValueError(f"the search space covers totals {list(self.space.totals)} but the executor has "
+                             f"num_envs={n}; an executor's total is fixed: build the space with build_space({n})")
+        self.hardware = hardware_fingerprint()
+        self.workload = workload_fingerprint(executor, num_steps, self.workload_extra)
+        if self.cache is not None:
+            rec = self.cache.load(self.hardware, self.workload)
+            self.cached = record_choice(rec) if rec else None
+            if self.cached and self.cached[0].num_envs != n:
+                self.cached = None
+
+    def _prepare_strategy(self, executor: Any, num_steps: int) -> None:
+        if self._prepared:
+            return
+        assert self.space is not None
+        self._set_phase("profiling")
+        p0 = self.clock()
+        self.strategy.prepare(self.space, executor, num_steps, seed=self.seed)
+        self.profile_seconds = self.clock() - p0
+        self._prepared = True
+
+    def _next_proposal(self) -> Config | None:
+        """The strategy's next config not measured yet (a repeat is skipped, not re-run)."""
+        tried = {t.config for t in self.history}
+        for _ in range(1000):
+            c = self.strategy.propose(self.history)
+            if c is None or c not in tried:
+                return c
+        return None
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._emit("phase", message=phase)
+
+    def _emit(self, kind: str, trial: Trial | None = None, value: float | None = None, message: str = "") -> None:
+        if self.callback is not None:
+            self.callback(TunerEvent(kind=kind, status=self.status(), trial=trial, value=value, message=message))
+
+    def status(self) -> dict[str, Any]:
+        """The current state as a plain, JSON-ready dict."""
+        best = self.best(self.final or None) or self.best()
+        cur = self.current
+        tl, sl = self.trials_left(), self.seconds_left()
+        return {
+            "mode": self.mode, "phase": self.phase, "strategy": self.strategy.name,
+            "current_config": _cfg(cur.config) if cur else None,
+            "current_samples": cur.n if cur else 0,
+            "best_config": _cfg(best.config) if best else None,
+            "best_throughput": best.mean if best else None,
+            "best_half_width": best.half_width if best and math.isfinite(best.half_width) else None,
+            "trials": len(self.history), "trials_ok": sum(t.ok for t in self.history),
+            "budget_trials": self.budget_trials, "budget_trials_left": tl,
+            "budget_seconds": self.budget_seconds, "budget_seconds_left": sl,
+            "elapsed_seconds": self.elapsed(),
+            "space": self.space.sizes() if self.space else None,
+            "cache_hit": self.cached is not None,
+        }
+
+    def trials(self) -> list[dict[str, Any]]:
+        """Every trial so far as a dict (samples included)."""
+        return [t.to_dict() for t in self.history + self.final]
+
+    def _record_trial(self, trial: Trial) -> None:
+        trial.predicted = trial.predicted if trial.predicted is not None else self.strategy.predicted(trial.config)
+        self.history.append(trial)
+
+
+# ---------------------------------------------------------------------------- offline
+class Tuner(_Session):
+    """Offline tuning: measure configs on an executor, choose, and leave it reconfigured.
+
+    Args:
+        strategy: ``"model"`` (default), ``"grid"``, ``"optuna"``, or a :class:`Strategy`.
+        budget_trials: most configs measured in the search, baselines included (default:
+            the strategy's own stopping rule; ``optuna`` uses 20). The final interleaved
+            re-measure of the best few is not counted.
+        budget_seconds: wall seconds for the search (profiling included); the running trial
+            stops sampling at the deadline once it has one sample.
+        rel_half_width, min_samples, max_samples, max_trial_seconds: the measurement
+            protocol (:class:`MeasureProtocol`); or pass ``protocol``.
+        top_k: before the choice, the configs whose confidence interval reaches the best
+            one's (at most ``top_k`` of them, plus start and serial if among them) are
+            re-measured round robin and the choice is the fastest there; 0 turns this off.
+        final_rounds: ``(min, max)`` rounds of that re-measure (it stops after ``min``
+            once every interval is within ``rel_half_width``).
+        space / devices / cores: the search space, or what to build it from.
+        cache: None (default directory), False (no cache), a directory or a ResultsCache.
+        confirm_tolerance: a cached choice is confirmed, and the search skipped, when it
+            measures within this fraction of its cached throughput and beats start and serial.
+        callback: called with a :class:`TunerEvent` on every step.
+        seed: seeds the strategy.
+        strategy_kwargs: passed to the strategy's constructor when ``strategy`` is a name.
+        workload: extra fields for the workload fingerprint (e.g. ``{"name": "cartpole"}``).
+    """
+
+    mode = "offline"
+
+    def __init__(self, strategy: str | Strategy = "model", *, budget_trials: int | None = None,
+                 budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
+                 max_samples: int = 10, max_trial_seconds: float | None = 20.0,
+                 protocol: MeasureProtocol | None = None, top_k: int = 3, final_rounds: tuple[int, int] = (2, 4),
+                 space: SearchSpace | None = None, devices: Sequence[str] | None = None, cores: int | None = None,
+                 cache: Any = None, confirm_tolerance: float = 0.10, callback: Callback | None = None,
+                 seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
+                 workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter):
+        protocol = protocol or MeasureProtocol(rel_half_width=rel_half_width, min_samples=min_samples,
+                                               max_samples=max_samples, max_seconds=max_trial_seconds)
+        super().__init__(strategy, budget_trials=budget_trials, budget_seconds=budget_seconds, protocol=protocol,
+                         space=space, devices=devices, cores=cores, cache=cache, callback=callback, seed=seed,
+                         strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
+        self.top_k = top_k
+        self.final_rounds = final_rounds
+        self.confirm_tolerance = confirm_tolerance
+
+    def _measure(self, executor: Any, config: Config, num_steps: int, source: str) -> Trial:
+        trial = Trial(config=config, source=source)
+        self.current = trial
+        self._emit("trial_start", trial, message=str(config))
+        t = measure(executor, config, num_steps, self.protocol, source=source, deadline=self.deadline(),
+                    clock=self.clock, raise_errors=False,
+                    on_sample=lambda tr, v: self._emit("sample", tr, v))
+        t.started = self.clock() - (self.t0 or 0.0) - t.seconds
+        self.current = None
+        self._record_trial(t)
+        self._emit("trial_end", t, t.mean if t.ok else None, str(t))
+        if t.status == "failed":
+            self.phase = "failed"
+            raise TuneError(f"tuning stopped: {config} failed ({t.error}). The executor closed itself; make a "
+                            f"new one. To skip such layouts, pass a space without them "
+                            f"(build_space(...) and filter its configs).", list(self.history)) from t.exception
+        return t
+
+    def tune(self, executor: Any, num_steps: int) -> TuneResult:
+        """Measure, choose, and reconfigure ``executor`` to the choice.
+
+        ``num_steps`` is the rollout length of one collect (use the training's own).
+        Raises :class:`TuneError` if a config fails (the executor has then closed itself).
+        """
+        self._setup(executor, num_steps)
+        n = executor.num_envs
+        start = executor.config
+        serial = Config.serial(n)
+        self._set_phase("baseline")
+        # The cached choice first (a second run starts at the known best), then the two
+        # configs the choice must never be slower than.
+        baselines: list[Config] = [self.cached[0]] if self.cached else []
+        baselines += [c for c in (start, serial) if c not in baselines]
+        for c in baselines:
+            src = "start" if c == start else ("cache" if self.cached and c == self.cached[0] else "serial")
+            self._measure(executor, c, num_steps, src)
+
+        confirmed = self._cache_confirmed(start, serial)
+        if not confirmed:
+            self._prepare_strategy(executor, num_steps)
+            self._set_phase("search")
+            while not self.budget_spent():
+                c = self._next_proposal()
+                if c is None:
+                    break
+                self._measure(executor, c, num_steps, "search")
+
+        self._set_phase("final")
+        finalists = self._finalists(start, serial)
+        if self.top_k > 0 and len(finalists) > 1 and self.final_rounds[1] > 0:
+            # Interleaved, so a drift of the machine (thermal, a neighbour's job) hits
+            # every finalist alike rather than favouring whichever ran in a quiet moment.
+            self.final = remeasure_interleaved(
+                executor, finalists, num_steps, self.protocol, min_rounds=self.final_rounds[0],
+                max_rounds=self.final_rounds[1], clock=self.clock,
+                on_sample=lambda tr, v: self._emit("sample", tr, v))
+            for t in self.final:
+                t.started = self.clock() - (self.t0 or 0.0) - t.seconds
+            pool = [t for t in self.final if t.ok]
+        else:
+            pool = [t for t in self.history if t.ok]
+        choice_trial = max(pool, key=lambda t: t.mean)
+        choice = choice_trial.config
+        reason = self._reason(choice_trial, pool, start, serial, confirmed)
+        executor.reconfigure(choice)
+        result = TuneResult(
+            choice=choice, reason=reason, trials=list(self.history), final=list(self.final), start=start,
+            num_steps=num_steps, strategy=self.strategy.info(), space=self.space.sizes() if self.space else {},
+            protocol=self.protocol.to_dict(),
+            budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "top_k": self.top_k,
+                    "final_rounds": list(self.final_rounds)},
+            hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
+            profile_seconds=self.profile_seconds, cache_hit=self.cached is not None)
+        if self.cache is not None:
+            self.cache.store(result.to_record())
+        self.phase = "done"
+        self._emit("choice", choice_trial, choice_trial.mean, reason)
+        self._emit("done", message=reason)
+        return result
+
+    def _cache_confirmed(self, start: Config, serial: Config) -> bool:
+        """A cached choice is confirmed when it measures close to its cached throughput and
+        at least as fast as the start and serial configs."""
+        if not self.cached:
+            return False
+        cfg, cached_sps = self.cached
+        mine = [t for t in self.history if t.config == cfg and t.ok]
+        if not mine:
+            return False
+        m = mine[-1].mean
+        base = max((t.mean for t in self.history if t.ok and t.config in (start, serial)), default=0.0)
+        close = cached_sps is None or m >= (1 - self.confirm_tolerance) * cached_sps
+        return close and m >= base
+
+    def _finalists(self, start: Config, serial: Config) -> list[Config]:
+        """Configs still in contention: those whose confidence interval reaches the best
+        one's. The ``top_k`` fastest of them, plus start, serial and the cached choice if
+        they are among them. One left means the best is a clear winner: nothing to re-measure."""
+        by_cfg: dict[Config, Trial] = {}
+        for t in self.history:
+            if t.ok and (t.config not in by_cfg or t.mean > by_cfg[t.config].mean):
+                by_cfg[t.config] = t
+        if not by_cfg:
+            raise TuneError("no config could be measured (every trial was invalid); check the executor and the "
+                            "search space", list(self.history))
+        ranked = sorted(by_cfg.values(), key=lambda t: -t.mean)
+        top = ranked[0]
+        floor = top.mean - top.half_width
+        contenders = [t.config for t in ranked if t.mean + t.half_width >= floor]
+        out = contenders[:self.top_k]
+        for c in [start, serial] + ([self.cached[0]] if self.cached else []):
+            if c in contenders and c not in out:
+                out.append(c)
+        return out
+
+    def _reason(self, choice: Trial, pool: list[Trial], start: Config, serial: Config, confirmed: bool) -> str:
+        by = {t.config: t for t in pool}
+        how = (f"fastest of {len(pool)} configs re-measured interleaved" if self.final
+               else f"fastest of {len(pool)} measured configs")
+        parts = [f"{how}: {_fmt(choice.mean)} +- {_fmt(choice.half_width)} steps/s"]
+        for name, ref in (("the start config", start), ("serial", serial)):
+            if ref == choice.config:
+                parts.append(f"it is {name}")
+            elif ref in by:
+                parts.append(f"{choice.mean / by[ref].mean:.2f}x {name} ({_fmt(by[ref].mean)})")
+        if confirmed:
+            parts.append("the cached choice was confirmed, so the search was skipped")
+        elif self.cached:
+            parts.append("the cached choice was not confirmed, so the search ran")
+        searched = sum(t.source == "search" for t in self.history)
+        parts.append(f"{searched} of {len(self.space) if self.space else '?'} configs searched "
+                     f"({self.strategy.name})")
+        return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------- online
+class OnlineTuner(_Session):
+    """Tunes inside training: each :meth:`collect` is one real collect that the learner
+    gets back, and also one sample for the trial of the config it ran under.
+
+    Phases: ``explore`` (baselines, then the strategy's proposals, one trial after
+    another; a collect right after a reconfigure is a warm-up: its data is used, its
+    throughput is not), ``locked`` (the budget is spent: the fastest measured config runs
+    from then on), ``research`` (throughput stayed more than ``drop_fraction`` below the
+    locked mean for ``drop_patience`` collects in a row: the locked config and its
+    neighbours are re-measured and the fastest is locked in).
+
+    Args:
+        executor: the training's executor; this object never collects more than asked.
+        strategy, budget_trials, budget_seconds, space, devices, cores, cache, callback,
+            seed, strategy_kwargs, workload: as for :class:`Tuner` (``budget_seconds`` counts
+            wall time since the first collect, training time included).
+        rel_half_width, min_samples, max_samples, warmup_collects: the protocol per trial.
+        drop_fraction, drop_patience: what counts as a sustained drop.
+        max_research_trials: configs a re-search measures (the locked one included).
+    """
+
+    mode = "online"
+
+    def __init__(self, executor: Any, strategy: str | Strategy = "model", *, budget_trials: int | None = 12,
+                 budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
+                 max_samples: int = 6, warmup_collects: int = 1, drop_fraction: float = 0.15,
+                 drop_patience: int = 3, max_research_trials: int = 6, space: SearchSpace | None = None,
+                 devices: Sequence[str] | None = None, cores: int | None = None, cache: Any = None,
+                 callback: Callback | None = None, seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
+                 workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter):
+        if not 0 < drop_fraction < 1:
+            raise ValueError(f"drop_fraction must be in (0, 1), got {drop_fraction}")
+        if drop_patience < 1:
+            raise ValueError(f"drop_patience must be >= 1, got {drop_patience}")
+        protocol = MeasureProtocol(rel_half_width=rel_half_width, min_samples=min_samples, max_samples=max_samples,
+                                   max_seconds=None, warmup_collects=warmup_collects)
+        super().__init__(strategy, budget_trials=budget_trials, budget_seconds=budget_seconds, protocol=protocol,
+                         space=space, devices=devices, cores=cores, cache=cache, callback=callback, seed=seed,
+                         strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
+        self.executor = executor
+        self.drop_fraction, self.drop_patience = drop_fraction, drop_patience
+        self.max_research_trials = max_research_trials
+        self.start_config: Config = executor.config
+        self.locked: Trial | None = None
+        self.reference: float | None = None
+        self.collects = 0
+        self.researches = 0
+        self._rec: TrialRecorder | None = None
+        self._queue: list[tuple[Config, str]] = []
+        self._drops = 0
+        self._fresh = False  # the collect after a lock-in reconfigure is not monitored
+        self._num_steps = 0
+        self._research_trials: list[Trial] = []
+        self._saved = False
+
+    @property
+    def locked_config(self) -> Config | None:
+        return self.locked.config if self.locked else None
+
+    def collect(self, num_steps: int) -> Any:
+        """One collect under the current config; returns its rollout, always."""
+        if self.t0 is None:
+            self._begin(num_steps)
+        self._num_steps = num_steps
+        c0 = self.clock()
+        rollout = self.executor.collect(num_steps)
+        sps = throughput_of(rollout, self.clock() - c0, num_steps * self.executor.num_envs)
+        self.collects += 1
+        if self.phase in ("explore", "research"):
+            self._feed(sps)
+        elif self.phase == "locked":
+            self._monitor(sps)
+        return rollout
+
+    # -- phases
+    def _begin(self, num_steps: int) -> None:
+        self._setup(self.executor, num_steps)
+        n = self.executor.num_envs
+        # The cached choice first (start at the known best), then start and serial.
+        self._queue = [(self.cached[0], "cache")] if self.cached else []
+        for c, src in ((self.start_config, "start"), (Config.serial(n), "serial")):
+            if all(c != q for q, _ in self._queue):
+                self._queue.append((c, src))
+        self._set_phase("explore")
+        self._start_trial(*self._queue.pop(0), num_steps=num_steps)
+
+    def _start_trial(self, config: Config, source: str, num_steps: int) -> None:
+        t0 = self.clock()
+        trial = Trial(config=config, source=source, started=t0 - (self.t0 or t0))
+        warm = None
+        if config != self.executor.config:
+            trial.reconfigure_seconds = float(self.executor.reconfigure(config) or 0.0)
+        elif source == "research":
+            warm = 0  # already running this config: nothing to warm up
+        self.current = trial
+        self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock, t0=t0,
+                                  deadline=self.deadline() if self.phase == "explore" else None)
+        self._emit("trial_start", trial, message=str(config))
+
+    def _feed(self, sps: float) -> None:
+        rec = self._rec
+        assert rec is not None
+        was_warmup = rec.warmup_left > 0
+        done = rec.add(sps)
+        if not was_warmup:
+            self._emit("sample", rec.trial, sps)
+        if not done:
+            return
+        t = rec.trial
+        self._record_trial(t)
+        if self.phase == "research":
+            self._research_trials.append(t)
+        self.current, self._rec = None, None
+        self._emit("trial_end", t, t.mean if t.ok else None, str(t))
+        nxt = self._next()
+        if nxt is None:
+            self._lock()
+        else:
+            self._start_trial(*nxt, num_steps=self._num_steps)
+
+    def _next(self) -> tuple[Config, str] | None:
+        if self._queue:
+            return self._queue.pop(0)
+        if self.phase == "research" or self.budget_spent():
+            return None
+        self._prepare_strategy(self.executor, self._num_steps)
+        self.phase = "explore"
+        c = self._next_proposal()
+        return (c, "online") if c is not None else None
+
+    def _lock(self) -> None:
+        pool = self._research_trials if self.phase == "research" else self.history
+        best = self.best(pool) or self.best()
+        assert best is not None, "no config was measured"
+        if best.config != self.executor.config:
+            self.executor.reconfigure(best.config)
+            self._fresh = True
+        self.locked, self.reference = best, best.mean
+        self._drops = 0
+        self._research_trials = []
+        self._set_phase("locked")
+        self._emit("locked", best, best.mean, f"locked in {best.config} at {_fmt(best.mean)} steps/s")
+        self._save()
+
+    def _monitor(self, sps: float) -> None:
+        if self._fresh:  # right after the lock-in reconfigure: a warm-up, not a drop
+            self._fresh = False
+            return
+        assert self.reference is not None and self.locked is not None
+        self._drops = self._drops + 1 if sps < (1 - self.drop_fraction) * self.reference else 0
+        if self._drops < self.drop_patience:
+            return
+        self._emit("drop", self.locked, sps,
+                   f"throughput {_fmt(sps)} < {1 - self.drop_fraction:.0%} of {_fmt(self.reference)} for "
+                   f"{self._drops} collects: re-searching around {self.locked.config}")
+        self.researches += 1
+        locked = self.locked.config
+        assert self.space is not None
+        near = self.space.neighbours(locked)
+        if self._prepared:
+            near.sort(key=lambda c: -(self.strategy.predicted(c) or 0.0))
+        self._queue = [(c, "research") for c in near[:max(0, self.max_research_trials - 1)]]
+        self._research_trials = []
+        self._set_phase("research")
+        self._start_trial(locked, "research", self._num_steps)
+
+    def _save(self) -> None:
+        if self.cache is None or self._saved:
+            return
+        self.cache.store(self.result().to_record())
+        self._saved = True
+
+    def result(self) -> TuneResult:
+        """What was measured so far, as a :class:`TuneResult` (choice: the locked config,
+        or the best measured one while exploring)."""
+        best = self.locked or self.best()
+        if best is None:
+            raise AuturiError("no trial has finished yet: call collect() a few more times")
+        return TuneResult(
+            choice=best.config, reason=(f"online: locked in at {_fmt(best.mean)} steps/s" if self.locked
+                                        else f"online: best so far at {_fmt(best.mean)} steps/s"),
+            trials=list(self.history), final=[], start=self.start_config, num_steps=self._num_steps,
+            strategy=self.strategy.info() if self._prepared else {"name": self.strategy.name},
+            space=self.space.sizes() if self.space else {}, protocol=self.protocol.to_dict(),
+            budget={"trials": self.budget_trials, "seconds": self.budget_seconds},
+            hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
+            profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online")
+
+    def status(self) -> dict[str, Any]:
+        s = super().status()
+        s.update({"collects": self.collects, "locked_config": _cfg(self.locked_config),
+                  "reference_throughput": self.reference, "researches": self.researches,
+                  "consecutive_drops": self._drops})
+        return s
