@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 
-import gymnasium as gym
 import numpy as np
 import pytest
 

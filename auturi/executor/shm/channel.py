@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -112,9 +112,6 @@ class RemoteLane:
         c["tasks"][s, :n, 1] = ids
         c["ntask"][s] = n
         self.command(TASK)
-
-    def finished(self) -> bool:
-        return int(self.ctrl["seq"][self.slot]) >= self.issued
 
 
 class Waiter:

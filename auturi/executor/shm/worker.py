@@ -18,7 +18,7 @@ from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
 from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, TASK, RemoteLane, Waiter, parent_watch,
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, RemoteLane, Waiter, parent_watch,
                                          read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
