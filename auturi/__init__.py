@@ -8,10 +8,12 @@ from auturi.errors import AuturiError, ConfigError, WorkerError
 from auturi.executor import Executor, make_executor
 from auturi.policy import ConstantPolicy, Policy, RandomPolicy, TorchPolicy
 from auturi.rollout import CollectStats, Rollout
+from auturi.tuner import OnlineTuner, SearchSpace, Tuner, TuneResult, build_space
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Config", "AuturiError", "ConfigError", "WorkerError", "Executor", "make_executor", "Policy",
-    "ConstantPolicy", "RandomPolicy", "TorchPolicy", "Rollout", "CollectStats", "__version__",
+    "ConstantPolicy", "RandomPolicy", "TorchPolicy", "Rollout", "CollectStats", "Tuner", "OnlineTuner",
+    "TuneResult", "SearchSpace", "build_space", "__version__",
 ]

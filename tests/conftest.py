@@ -7,8 +7,11 @@ import psutil
 import pytest
 
 
-def our_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("auturi_")}
+def our_segments(pid: int | None = None) -> set[str]:
+    """Segments created by process ``pid`` (default: this one); other sessions' runs on the
+    same machine make their own and must not count."""
+    prefix = f"auturi_{pid or os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
 def live_children() -> list[psutil.Process]:

@@ -130,7 +130,6 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 
 
 def test_ctrl_c_leaves_nothing_behind():
-    before = our_segments()
     p = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     pids = [int(x) for x in p.stdout.readline().split()]
@@ -140,4 +139,29 @@ def test_ctrl_c_leaves_nothing_behind():
     assert p.returncode != 0 and "KeyboardInterrupt" in err
     alive = [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"orphans after Ctrl-C: {alive}"
-    assert our_segments() - before == set()
+    assert our_segments(p.pid) == set()
+
+
+NO_MAIN_GUARD = textwrap.dedent("""
+    import functools, os
+    from auturi import Config, make_executor
+    from auturi.envs import CountingEnv
+    from tests.helpers import ObsHashPolicy
+    print(os.getpid(), flush=True)
+    env_fn = functools.partial(CountingEnv)
+    make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4,
+                  config=Config(envs_per_actor=4, env_parallel_degree=2), backend="shm")
+""")
+
+
+def test_script_without_main_guard_fails_cleanly(tmp_path):
+    """forkserver re-imports __main__: an unguarded script must fail with the guard's hint
+    and leave no segment behind, not hang."""
+    script = tmp_path / "noguard.py"
+    script.write_text(NO_MAIN_GUARD)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode != 0
+    assert "__main__" in out.stderr
+    pid = int(out.stdout.split()[0])
+    assert our_segments(pid) == set()

@@ -7,6 +7,7 @@ resource tracker unlinks segments left behind if the creating process is SIGKILL
 """
 from __future__ import annotations
 
+import os
 import pickle
 import secrets
 from multiprocessing import shared_memory
@@ -43,7 +44,8 @@ class ArrayBlock:
         self._owner = False
         if shared:
             if create:
-                name = name or f"auturi_{secrets.token_hex(6)}"
+                # The creator's pid in the name: a leak is traceable to its process.
+                name = name or f"auturi_{os.getpid()}_{secrets.token_hex(4)}"
                 self._shm = shared_memory.SharedMemory(name=name, create=True, size=size)
                 self._owner = True
             else:

@@ -19,20 +19,57 @@ Example:
     ...     ex.config == result.choice
     True
 """
-from auturi.tuner.cache import (ResultsCache, hardware_fingerprint, load_record, resolve_cache_dir, save_record,
-                                workload_fingerprint)
-from auturi.tuner.measure import MeasureProtocol, Trial, mean_half_width, measure, remeasure_interleaved
+from auturi.tuner.cache import (
+    ResultsCache,
+    hardware_fingerprint,
+    load_record,
+    resolve_cache_dir,
+    save_record,
+    workload_fingerprint,
+)
+from auturi.tuner.measure import (
+    MeasureProtocol,
+    Trial,
+    mean_half_width,
+    measure,
+    remeasure_interleaved,
+)
 from auturi.tuner.profile import Profile, predict, profile_executor
 from auturi.tuner.space import SearchSpace, build_space
-from auturi.tuner.strategies import GridStrategy, ModelStrategy, OptunaStrategy, Strategy, make_strategy
-from auturi.tuner.tuner import OnlineTuner, TuneError, TuneResult, Tuner, TunerEvent
+from auturi.tuner.strategies import (
+    GridStrategy,
+    ModelStrategy,
+    OptunaStrategy,
+    Strategy,
+    make_strategy,
+)
+from auturi.tuner.tuner import OnlineTuner, TuneError, Tuner, TuneResult, TunerEvent
 
 __all__ = [
-    "Tuner", "OnlineTuner", "TuneResult", "TunerEvent", "TuneError",
-    "SearchSpace", "build_space",
-    "MeasureProtocol", "Trial", "measure", "remeasure_interleaved", "mean_half_width",
-    "Strategy", "GridStrategy", "OptunaStrategy", "ModelStrategy", "make_strategy",
-    "Profile", "profile_executor", "predict",
-    "ResultsCache", "hardware_fingerprint", "workload_fingerprint", "save_record", "load_record",
+    "GridStrategy",
+    "MeasureProtocol",
+    "ModelStrategy",
+    "OnlineTuner",
+    "OptunaStrategy",
+    "Profile",
+    "ResultsCache",
+    "SearchSpace",
+    "Strategy",
+    "Trial",
+    "TuneError",
+    "TuneResult",
+    "Tuner",
+    "TunerEvent",
+    "build_space",
+    "hardware_fingerprint",
+    "load_record",
+    "make_strategy",
+    "mean_half_width",
+    "measure",
+    "predict",
+    "profile_executor",
+    "remeasure_interleaved",
     "resolve_cache_dir",
+    "save_record",
+    "workload_fingerprint",
 ]

@@ -95,7 +95,11 @@ def describe_callable(fn: Any) -> str:
     if qual is not None:
         return f"{getattr(fn, '__module__', '?')}.{qual}"
     t = type(fn)
-    return f"{t.__module__}.{t.__qualname__}"
+    name = f"{t.__module__}.{t.__qualname__}"
+    r = repr(fn)
+    # A callable object's repr names what it makes (e.g. EnvPoolSource('Pong-v5')) unless it
+    # is the default one, which only adds a memory address.
+    return name if _ADDR.search(r) or r.startswith("<") else f"{t.__module__}.{r}"
 
 
 def _policy_description(policy: Any) -> dict[str, Any]:
@@ -111,7 +115,7 @@ def _policy_description(policy: Any) -> dict[str, Any]:
         shapes = sorted((k, list(getattr(v, "shape", ()))) for k, v in state.items())
         out["parameters"] = sum(_prod(s) for _, s in shapes)
         out["state_shapes"] = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12]
-    except Exception:  # a policy without a usable get_state still gets a fingerprint
+    except Exception:  # noqa: BLE001, S110 - a policy without a usable get_state still gets a fingerprint
         pass
     return out
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from auturi.config import Config
 from auturi.errors import ConfigError
@@ -80,8 +81,8 @@ class MeasureProtocol:
     max_samples: int = 10
     """Cap on measured collects."""
     max_seconds: float | None = 20.0
-    """Cap on one trial's wall seconds, reconfigure and warm-up included (None: no cap).
-    At least one measured collect is always taken."""
+    """Cap on one trial's wall seconds of collects, warm-up included, reconfigure not (None:
+    no cap). At least one measured collect is always taken."""
     warmup_collects: int = 1
     """Collects after a reconfigure whose throughput is discarded."""
 
@@ -171,7 +172,7 @@ class Trial:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+    def from_dict(cls, d: dict[str, Any]) -> Trial:
         return cls(config=Config.from_dict(d["config"]), samples=list(d.get("samples", [])),
                    warmup=list(d.get("warmup", [])), reconfigure_seconds=d.get("reconfigure_seconds", 0.0),
                    status=d.get("status", "ok"), stop_reason=d.get("stop_reason", ""), error=d.get("error"),
@@ -198,14 +199,17 @@ class TrialRecorder:
     :func:`measure` and the online tuner (one sample per training collect) both use it.
 
     ``warmup`` is how many of the first samples to discard (0 when the executor was already
-    running this config, so nothing needs warming)."""
+    running this config, so nothing needs warming). ``reference`` (steps/s, typically the
+    lower end of the best config's interval) ends the trial early, as ``"slower"``, once
+    its whole interval lies below it: a config that cannot be chosen needs no precise mean."""
 
     def __init__(self, trial: Trial, protocol: MeasureProtocol, warmup: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, deadline: float | None = None,
-                 t0: float | None = None):
+                 t0: float | None = None, reference: float | None = None):
         self.trial, self.protocol, self.clock, self.deadline = trial, protocol, clock, deadline
+        self.reference = reference
         self.warmup_left = protocol.warmup_collects if warmup is None else warmup
-        self.t0 = clock() if t0 is None else t0  # when the trial began (before its reconfigure)
+        self.t0 = clock() if t0 is None else t0  # when its collects began (after any reconfigure)
 
     def add(self, steps_per_second: float) -> bool:
         """Record one collect's throughput; returns True when the trial is done."""
@@ -215,7 +219,7 @@ class TrialRecorder:
             tr.warmup.append(float(steps_per_second))
         else:
             tr.samples.append(float(steps_per_second))
-        tr.seconds = self.clock() - self.t0
+        tr.seconds = self.clock() - self.t0 + tr.reconfigure_seconds
         reason = self.stop_reason()
         if reason:
             self.finish(reason)
@@ -228,9 +232,11 @@ class TrialRecorder:
         n = tr.n
         if n >= p.min_samples and tr.half_width <= p.rel_half_width * tr.mean:
             return "converged"
+        if self.reference is not None and n >= 2 and tr.mean + tr.half_width < self.reference:
+            return "slower"  # clearly slower than a config already measured: no need to pin it down
         if n >= p.max_samples:
             return "max_samples"
-        if n >= 1 and p.max_seconds is not None and tr.seconds >= p.max_seconds:
+        if n >= 1 and p.max_seconds is not None and self.clock() - self.t0 >= p.max_seconds:
             return "max_seconds"
         if n >= 1 and self.deadline is not None and self.clock() >= self.deadline:
             return "budget"
@@ -245,13 +251,16 @@ class TrialRecorder:
 
 def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProtocol | None = None, *,
             source: str = "", deadline: float | None = None, clock: Callable[[], float] = time.perf_counter,
-            on_sample: Callable[[Trial, float], None] | None = None, raise_errors: bool = True) -> Trial:
+            on_sample: Callable[[Trial, float], None] | None = None, raise_errors: bool = True,
+            reference: float | None = None, trial: Trial | None = None) -> Trial:
     """Run the protocol for one config on ``executor``; returns the :class:`Trial`.
 
     A config the executor refuses (:class:`auturi.ConfigError`) gives an ``"invalid"`` trial
     (the executor is unchanged). Any other error gives a ``"failed"`` trial and, with
     ``raise_errors`` (the default), is re-raised; the executor closes itself on such errors.
-    ``deadline`` (a ``clock()`` value) stops sampling early, after at least one sample.
+    ``deadline`` (a ``clock()`` value) stops sampling early, after at least one sample;
+    ``reference`` stops it once the config is clearly slower (see :class:`TrialRecorder`).
+    ``trial``, if given, is the (empty) Trial to fill, so a progress display can watch it.
 
     Example:
         >>> import gymnasium as gym, auturi
@@ -263,7 +272,8 @@ def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProt
         >>> ex.close()
     """
     p = protocol or MeasureProtocol()
-    trial = Trial(config=config, source=source)
+    if trial is None:
+        trial = Trial(config=config, source=source)
     t0 = clock()
     try:
         trial.reconfigure_seconds = float(executor.reconfigure(config) or 0.0)
@@ -277,7 +287,9 @@ def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProt
         if raise_errors:
             raise
         return trial
-    rec = TrialRecorder(trial, p, clock=clock, deadline=deadline, t0=t0)
+    # The time cap counts from here: reconfigure time is reported apart, and starting
+    # many processes can take longer than the cap itself.
+    rec = TrialRecorder(trial, p, clock=clock, deadline=deadline, reference=reference)
     try:
         while True:
             c0 = clock()
@@ -307,7 +319,8 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
     measured collects each visit) so slow drifts of the machine hit all of them alike.
 
     Stops after ``min_rounds`` once every trial's half-width is within the protocol's
-    fraction, or after ``max_rounds``, or at ``deadline`` once each has two samples.
+    fraction or the fastest one's interval lies above all the others' (the choice is
+    settled), or after ``max_rounds``, or at ``deadline`` once each has two samples.
     Returns one ``"final"`` trial per config, in the given order.
     """
     p = protocol or MeasureProtocol()
@@ -340,6 +353,9 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.mean for t in live):
             reason = "converged"
             break
+        if r + 1 >= min_rounds and _separated(live):
+            reason = "separated"
+            break
         if deadline is not None and clock() >= deadline and r + 1 >= 2:
             reason = "budget"
             break
@@ -349,3 +365,12 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         if tr.status == "running":
             tr.status, tr.stop_reason = "ok", reason
     return trials
+
+
+def _separated(trials: Sequence[Trial]) -> bool:
+    """True when the fastest trial's interval lies entirely above every other's."""
+    if len(trials) < 2:
+        return True
+    ranked = sorted(trials, key=lambda t: -t.mean)
+    top = ranked[0]
+    return all(top.mean - top.half_width > t.mean + t.half_width for t in ranked[1:])

@@ -2,23 +2,26 @@
 
 :func:`profile_executor` times the parts once, in this process, without starting workers:
 one env's step time (mean, spread, and how much of it is CPU rather than waiting), the
-observation size, and the policy's latency against batch size on each device. Two costs
-cannot be timed in-process: the round trip to a worker process (``ipc_seconds``) and the
-executor's bookkeeping per env step (``env_overhead_seconds``). They start at defaults and
+observation size, and the policy's latency against batch size on each device. Three costs
+cannot be timed in-process: the round trip to a worker process (``ipc_seconds``), the
+executor's bookkeeping per env step (``env_overhead_seconds``) and what time-slicing more
+busy processes than cores costs (``contention``). They start at defaults and
 :func:`fit_overheads` fits them to the configs measured so far (the start and serial configs
 are always measured first, so the fit has data from the beginning).
 
 :func:`predict` is a per-actor pipeline model, limited by the cores:
 
-- an actor's envs are split over ``D`` env lanes, each stepping ``E/D`` envs per row; its
-  ``ceil(E/B)`` forward passes per row are shared by ``P`` replicas; a remote lane adds a
-  round trip per task, inflated when there are more busy processes than cores;
+- an actor's envs are split over ``D`` env lanes, each stepping ``E/D`` envs per row (the
+  actor's own process is one of them, ``D - 1`` are env workers); its ``ceil(E/B)`` forward
+  passes per row are shared by ``P`` replicas (the actor itself when ``P = 1``); a remote
+  lane adds a round trip per task, inflated when there are more busy processes than cores;
 - with one batch per row (``B = E``) env stepping and inference alternate, so their times
   add; with ``g`` batches they overlap: ``max(env, policy) + min(env, policy) / g``; with
   everything in one process (the serial point) they always add;
 - lock-step env lanes wait for the slowest: ``std * sqrt(E/D) * sqrt(2 ln D)`` per row;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
-- the total is capped by ``cores / (CPU seconds per env step)``.
+- the total is capped by ``cores / (CPU seconds per env step)``, and divided by
+  ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores.
 
 Example:
     >>> from auturi import Config
@@ -30,11 +33,13 @@ Example:
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,10 +51,16 @@ machine costs tens of microseconds, not the ~5 us of an idle one."""
 DEFAULT_ENV_OVERHEAD_SECONDS = 3e-6
 """The executor's bookkeeping per env step (buffer writes, auto-reset checks)."""
 
+DEFAULT_CONTENTION = 0.1
+"""Throughput lost per extra busy process per core: small, until measured otherwise."""
+
 # The grids :func:`fit_overheads` searches (log-spaced: the costs span orders of magnitude).
-_IPC_GRID = [float(x) for x in np.geomspace(5e-6, 5e-3, 25)]
-_OVERHEAD_GRID = [0.0] + [float(x) for x in np.geomspace(5e-7, 1e-4, 12)]
-_PRIOR_WEIGHT = 0.02  # pulls an unidentified cost (no config exercised it yet) to its default
+_GRIDS = {
+    "ipc_seconds": [float(x) for x in np.geomspace(5e-6, 5e-3, 25)],
+    "env_overhead_seconds": [0.0] + [float(x) for x in np.geomspace(5e-7, 2e-4, 14)],
+    "contention": [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+}
+_PRIOR_WEIGHT = 0.02  # pulls an unidentified cost (no config exercised it yet) to the profile's value
 
 
 @dataclass
@@ -73,6 +84,8 @@ class Profile:
     """Round trip to a worker process on an idle machine (fitted)."""
     env_overhead_seconds: float = DEFAULT_ENV_OVERHEAD_SECONDS
     """Bookkeeping per env step (fitted)."""
+    contention: float = DEFAULT_CONTENTION
+    """Throughput lost to time-slicing, per busy process beyond the cores, per core (fitted)."""
     cores: int = 1
     """Usable cores."""
     backend: str = "shm"
@@ -107,13 +120,13 @@ class Profile:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
         d = dict(d)
         for k in ("policy_seconds", "policy_cpu_seconds"):
             d[k] = {dev: {int(b): float(s) for b, s in t.items()} for dev, t in d.get(k, {}).items()}
         return cls(**d)
 
-    def replace(self, **changes: Any) -> "Profile":
+    def replace(self, **changes: Any) -> Profile:
         return replace(self, **changes)
 
 
@@ -135,7 +148,7 @@ def _interp(pts: list[tuple[int, float]], x: int) -> float:
         return s * max(1.0, x / b) if x > b else s
     if x <= pts[0][0]:
         return pts[0][1]
-    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+    for (b0, s0), (b1, s1) in itertools.pairwise(pts):
         if x <= b1:
             return s0 + (s1 - s0) * (x - b0) / (b1 - b0)
     (b0, s0), (b1, s1) = pts[-2], pts[-1]
@@ -156,11 +169,14 @@ def predict(config: Config, prof: Profile) -> float:
         row = E * te + g * L + ((D > 1) * D + (P > 1) * g) * prof.env_overhead_seconds
         return A * E / (A * row) if row > 0 else math.inf
 
-    busy = A * (1 + (D if D > 1 else 0) + (P if P > 1 else 0))
+    # The actor's own process steps one env share; degree - 1 env workers step the rest.
+    busy = A * (D + (P if P > 1 else 0))
     # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
     ipc = prof.ipc_seconds * (1.0 + max(0, busy - prof.cores) / prof.cores)
     m = E // D  # envs per env lane
-    env_tasks = 1 if g == 1 else min(m, g)  # tasks each env lane gets per row
+    # Tasks each env lane gets per row: a lane's envs step together, so they come back ready
+    # together and ride in the same batch unless the batch is smaller than the lane.
+    env_tasks = math.ceil(m / B)
     if D > 1:
         straggle = prof.env_step_std * math.sqrt(m) * math.sqrt(2 * math.log(D))
         s_env = m * te + env_tasks * ipc + straggle
@@ -171,33 +187,53 @@ def predict(config: Config, prof: Profile) -> float:
         row = s_env + s_pol  # one process does both, in turn
     else:
         row = max(s_env, s_pol) + min(s_env, s_pol) / g
+        # The actor itself steps its own env share and, with one replica, runs inference.
+        row = max(row, (m * te if D > 1 else E * te) + (g * L if P == 1 else 0.0))
     pipeline = A * E / row if row > 0 else math.inf
 
     # CPU cap: seconds of CPU each env step costs, wherever it runs.
     ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
-    tasks_per_row = (D * env_tasks if D > 1 else 0) + (g if P > 1 else 0)
+    tasks_per_row = (D - 1) * env_tasks + (g if P > 1 else 0)
     cpu_per_step = (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
                     + g * prof.policy_latency(dev, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
     cap = prof.cores / cpu_per_step if cpu_per_step > 0 else math.inf
-    return min(pipeline, cap)
+    # Time-slicing more busy processes than cores costs context switches and cold caches.
+    return min(pipeline, cap) / (1.0 + prof.contention * max(0, busy - prof.cores) / prof.cores)
 
 
-def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]]) -> Profile:
-    """``prof`` with ``ipc_seconds`` and ``env_overhead_seconds`` fitted to measured
-    throughputs (least squares on log throughput, with a weak pull to the defaults so a
-    cost no measured config exercised stays at its default)."""
+def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweeps: int = 3) -> Profile:
+    """``prof`` with the costs profiling cannot time (``ipc_seconds``,
+    ``env_overhead_seconds``, ``contention``) fitted to measured throughputs: least squares
+    on log throughput, with a weak pull to ``prof``'s own values (the defaults, unless set)
+    so a cost no measured config exercised stays where it was. Coordinate descent over a
+    log grid per cost."""
     pts = [(c, float(v)) for c, v in measured if v and math.isfinite(v) and v > 0]
     if not pts:
         return prof
-    best, best_err = prof, math.inf
-    for ov in _OVERHEAD_GRID:
-        for ipc in _IPC_GRID:
-            cand = replace(prof, ipc_seconds=ipc, env_overhead_seconds=ov)
-            err = sum((math.log(predict(c, cand)) - math.log(v)) ** 2 for c, v in pts)
-            err += _PRIOR_WEIGHT * (math.log(ipc / DEFAULT_IPC_SECONDS) ** 2
-                                    + math.log((ov + 1e-6) / (DEFAULT_ENV_OVERHEAD_SECONDS + 1e-6)) ** 2)
-            if err < best_err:
-                best, best_err = cand, err
+
+    prior = {k: getattr(prof, k) for k in _GRIDS}
+
+    def loss(p: Profile) -> float:
+        err = 0.0
+        for c, v in pts:
+            y = predict(c, p)
+            err += (math.log(y) - math.log(v)) ** 2 if y > 0 and math.isfinite(y) else 1e6
+        for k, d in prior.items():
+            err += _PRIOR_WEIGHT * math.log((getattr(p, k) + 1e-6) / (d + 1e-6)) ** 2
+        return err
+
+    best = prof
+    best_err = loss(best)
+    for _ in range(sweeps):
+        improved = False
+        for k, grid in _GRIDS.items():
+            for x in grid:
+                cand = replace(best, **{k: x})
+                e = loss(cand)
+                if e < best_err - 1e-12:
+                    best, best_err, improved = cand, e, True
+        if not improved:
+            break
     return best
 
 
@@ -254,9 +290,9 @@ def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 
         while len(times) < max_steps and (len(times) < min_steps or time.perf_counter() - w0 < seconds):
             a = env.action_space.sample()
             t = time.perf_counter()
-            o, _, term, trunc, _ = env.step(a)
+            _, _, term, trunc, _ = env.step(a)
             if term or trunc:
-                o, _ = env.reset()
+                env.reset()
             times.append(time.perf_counter() - t)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     finally:

@@ -23,10 +23,11 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence, Union
 
 from auturi.config import Config
 
@@ -37,7 +38,7 @@ MAX_PROCESSES_PER_CORE = 4
 #: (hundreds of MB of GPU memory) and kernels from many processes only time-slice.
 MAX_CUDA_REPLICAS = 8
 
-Pruned = tuple[Union[Config, dict], str]
+Pruned = tuple[Config | dict, str]
 
 
 def divisors(n: int) -> list[int]:
@@ -162,9 +163,10 @@ class SearchSpace:
         for knob in ("env_parallel_degree", "policies_per_actor", "policy_batch_size"):
             others = [k for k in ("env_parallel_degree", "policies_per_actor", "policy_batch_size", "policy_device")
                       if k != knob]
+            key = operator.attrgetter(knob)
             line = sorted((c for c in same_actor if all(getattr(c, k) == getattr(config, k) for k in others)),
-                          key=lambda c: getattr(c, knob))
-            out += _adjacent(line, config, lambda c: getattr(c, knob))
+                          key=key)
+            out += _adjacent(line, config, key)
         out += [c for c in same_actor if c.policy_device != config.policy_device
                 and (c.env_parallel_degree, c.policies_per_actor, c.policy_batch_size)
                 == (config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size)]

@@ -27,7 +27,8 @@ import contextlib
 import logging
 import math
 import random
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from auturi.config import Config
 from auturi.tuner.measure import Trial
@@ -121,8 +122,9 @@ class OptunaStrategy(Strategy):
     device. A combination that is not in the space (a pruned point) is told as pruned
     and sampling goes on. Trials measured outside the strategy (start, serial, cache) are
     added to the study so the sampler learns from them. Seeded by the tuner's ``seed``.
-    After ``max_attempts`` samples in a row that are pruned or already measured, an untried
-    config is drawn at random instead.
+    When it samples a config already measured, an untried neighbour of that config is
+    measured instead; after ``max_attempts`` pruned samples in a row, an untried config at
+    random.
     """
 
     name = "optuna"
@@ -221,11 +223,18 @@ class OptunaStrategy(Strategy):
                 cfg = self._suggest(ot)
                 if cfg is None:  # a pruned point: teach the sampler to avoid it
                     self._study.tell(ot, state=optuna.trial.TrialState.PRUNED)
-                elif cfg in tried:  # already measured: tell the known value, sample again
+                elif cfg in tried:
+                    # The sampler wants to exploit a measured point. Tell it the known value,
+                    # and measure an untried neighbour instead (added to the study once
+                    # measured): re-asking until something new comes up would grow the study
+                    # by many repeats, and every ask costs time linear in its size.
                     if cfg in measured:
                         self._study.tell(ot, measured[cfg])
                     else:
                         self._study.tell(ot, state=optuna.trial.TrialState.FAIL)
+                    near = [c for c in space.neighbours(cfg) if c not in tried]
+                    if near:
+                        return self._rng.choice(near)
                 else:
                     self._pending = (ot, cfg)
                     return cfg
@@ -240,6 +249,12 @@ class OptunaStrategy(Strategy):
 
 
 # ---------------------------------------------------------------------------- model
+def family(c: Config) -> tuple:
+    """Which costs a config pays: separate actor processes, env workers, replica
+    processes, and the device."""
+    return (c.num_actors > 1, c.env_parallel_degree > 1, c.policies_per_actor > 1, c.policy_device)
+
+
 def config_distance(a: Config, b: Config) -> float:
     """How far apart two configs are, for borrowing a measurement's correction: steps of
     two in each knob, plus a penalty for a different device or process structure."""
@@ -262,10 +277,17 @@ class ModelStrategy(Strategy):
     nearby configs, weighted ``exp(-distance / length)``, so one surprising measurement
     corrects its whole neighbourhood.
 
-    Proposal order: the unmeasured config with the highest corrected prediction, while that
-    beats the best measured mean by ``margin``; then unmeasured neighbours of the best
-    measured config predicted within ``refine_window`` of it (hill climbing, at most
-    ``max_refine`` trials); then stop.
+    How wrong the model still is, ``s``, is the RMS of those log errors (with a prior of
+    ``prior_error`` worth one measurement); a config's uncertainty grows with its distance
+    to the nearest measured one, ``u = s * (1 - exp(-d / length))``.
+
+    Proposal order: the untried config with the highest optimistic prediction
+    ``prediction * exp(kappa * u)``, while that beats the best measured mean by ``margin``;
+    then, for each :func:`family` nothing was measured in, its best-predicted config if
+    predicted within ``family_window`` of the best; then untried neighbours, predicted
+    within ``refine_window`` of the best, of every config measured within ``leader_band`` of
+    the best (hill climbing around the leaders, since noise hides which of them is truly
+    best; at most ``max_refine`` trials); then stop.
 
     Args:
         profile: a :class:`Profile`; default: :func:`profile_executor` on the executor.
@@ -273,25 +295,34 @@ class ModelStrategy(Strategy):
         margin: how much better than the best measured a prediction must be to be tried.
         refine_window: neighbours predicted within this fraction below the best are tried.
         max_refine: cap on neighbour trials.
+        leader_band: configs measured within this fraction of the best are climbed from.
+        family_window: unexplored families predicted within this fraction of the best are tried.
         length: distance scale of the correction (in steps of two per knob).
+        kappa: optimism: how many ``u`` a prediction is raised by when choosing.
+        prior_error: the model's assumed log error before measurements say otherwise.
         profile_kwargs: passed to :func:`profile_executor`.
     """
 
     name = "model"
 
     def __init__(self, profile: Profile | None = None, *, max_trials: int = 16, margin: float = 0.0,
-                 refine_window: float = 0.15, max_refine: int = 6, length: float = 1.0,
+                 refine_window: float = 0.4, max_refine: int = 8, leader_band: float = 0.05, length: float = 1.0,
+                 kappa: float = 1.5, prior_error: float = 0.25, family_window: float = 0.5,
                  profile_kwargs: dict[str, Any] | None = None):
         super().__init__()
         self.profile = profile
         self.fitted: Profile | None = profile
         self.max_trials, self.margin = max_trials, margin
         self.refine_window, self.max_refine, self.length = refine_window, max_refine, length
+        self.kappa, self.prior_error, self.leader_band = kappa, prior_error, leader_band
+        self.family_window = family_window
         self.profile_kwargs = profile_kwargs or {}
+        self.model_error = prior_error
         self._proposed: list[Config] = []
         self._refined = 0
-        self._pred: dict[Config, float] = {}
-        self._raw: dict[Config, float] = {}
+        self._raw: dict[Config, float] = {}  # the fitted model's predictions
+        self._pred: dict[Config, float] = {}  # ... corrected by nearby measurements
+        self._ucb: dict[Config, float] = {}  # ... raised by their uncertainty
 
     def prepare(self, space: SearchSpace, executor: Any = None, num_steps: int | None = None,
                 seed: int = 0) -> None:
@@ -314,20 +345,28 @@ class ModelStrategy(Strategy):
         space = self._space()
         self.fitted = fit_overheads(self.profile, measured.items())
         raw = {c: predict(c, self.fitted) for c in space.configs}
-        resid = [(c, math.log(v / predict(c, self.fitted))) for c, v in measured.items()
-                 if v > 0 and math.isfinite(v) and predict(c, self.fitted) > 0]
-        pred = {}
+        resid = []
+        for c, v in measured.items():
+            p = predict(c, self.fitted)
+            if v > 0 and math.isfinite(v) and p > 0 and math.isfinite(p):
+                resid.append((c, math.log(v / p)))
+        err = math.sqrt((sum(e * e for _, e in resid) + self.prior_error ** 2) / (len(resid) + 1))
+        pred, ucb = {}, {}
         for c, r in raw.items():
             if c in measured:
-                pred[c] = measured[c]
+                pred[c] = ucb[c] = measured[c]
                 continue
-            w_sum, acc = 0.5, 0.0  # the 0.5 pulls a far-off correction back to the model
+            w_sum, acc, d_min = 0.5, 0.0, math.inf  # the 0.5 pulls a far-off correction back to the model
             for m, e in resid:
-                w = math.exp(-config_distance(c, m) / self.length)
+                d = config_distance(c, m)
+                w = math.exp(-d / self.length)
                 w_sum += w
                 acc += w * e
+                d_min = min(d_min, d)
             pred[c] = r * math.exp(acc / w_sum)
-        self._raw, self._pred = raw, pred
+            u = err * (1.0 - math.exp(-d_min / self.length)) if resid else err
+            ucb[c] = pred[c] * math.exp(self.kappa * u)
+        self._raw, self._pred, self._ucb, self.model_error = raw, pred, ucb, err
 
     def predicted(self, config: Config) -> float | None:
         return self._pred.get(config)
@@ -350,15 +389,27 @@ class ModelStrategy(Strategy):
             return self._take(max(untried, key=lambda c: self._pred[c]))
         best_cfg = max(measured, key=lambda c: measured[c])
         best = measured[best_cfg]
-        top = max(untried, key=lambda c: self._pred[c])
-        if self._pred[top] > best * (1 + self.margin):
+        top = max(untried, key=lambda c: self._ucb[c])
+        if self._ucb[top] > best * (1 + self.margin):
             return self._take(top)
+        # The model is most often wrong about a whole family (e.g. what a worker process
+        # costs), so try the best-predicted member of each family not measured yet.
+        seen = {family(c) for c in measured}
+        fresh = [c for c in untried if family(c) not in seen
+                 and self._pred[c] >= best * (1 - self.family_window)]
+        if fresh:
+            return self._take(max(fresh, key=lambda c: self._pred[c]))
         if self._refined < self.max_refine:
-            near = [c for c in space.neighbours(best_cfg)
-                    if c not in tried and self._pred.get(c, 0.0) >= best * (1 - self.refine_window)]
-            if near:
-                self._refined += 1
-                return self._take(max(near, key=lambda c: self._pred[c]))
+            # Hill climb around every config measured within noise of the best (which of
+            # them is truly best is not known yet), the best first.
+            leaders = sorted((c for c in measured if measured[c] >= best * (1 - self.leader_band)),
+                             key=lambda c: -measured[c])
+            for lead in leaders:
+                near = [c for c in space.neighbours(lead)
+                        if c not in tried and self._pred.get(c, 0.0) >= best * (1 - self.refine_window)]
+                if near:
+                    self._refined += 1
+                    return self._take(max(near, key=lambda c: self._pred[c]))
         return None
 
     def _take(self, c: Config) -> Config:
@@ -367,9 +418,10 @@ class ModelStrategy(Strategy):
 
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "max_trials": self.max_trials, "margin": self.margin,
-                "refine_window": self.refine_window, "max_refine": self.max_refine,
+                "refine_window": self.refine_window, "max_refine": self.max_refine, "kappa": self.kappa,
+                "model_error": self.model_error,
                 "profile": self.profile.to_dict() if self.profile else None,
-                "fitted": {"ipc_seconds": self.fitted.ipc_seconds,
+                "fitted": {"ipc_seconds": self.fitted.ipc_seconds, "contention": self.fitted.contention,
                            "env_overhead_seconds": self.fitted.env_overhead_seconds} if self.fitted else None}
 
 

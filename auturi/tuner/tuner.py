@@ -30,16 +30,32 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from auturi.config import Config
-from auturi.errors import AuturiError
-from auturi.tuner.cache import (RECORD_SCHEMA, ResultsCache, fingerprint_key, hardware_fingerprint, load_record,
-                                open_cache, record_choice, save_record, workload_fingerprint)
-from auturi.tuner.measure import (MeasureProtocol, Trial, TrialRecorder, measure, remeasure_interleaved,
-                                  throughput_of)
+from auturi.errors import AuturiError, ConfigError
+from auturi.tuner.cache import (
+    RECORD_SCHEMA,
+    ResultsCache,
+    fingerprint_key,
+    hardware_fingerprint,
+    load_record,
+    open_cache,
+    record_choice,
+    save_record,
+    workload_fingerprint,
+)
+from auturi.tuner.measure import (
+    MeasureProtocol,
+    Trial,
+    TrialRecorder,
+    measure,
+    remeasure_interleaved,
+    throughput_of,
+)
 from auturi.tuner.space import SearchSpace, build_space
 from auturi.tuner.strategies import Strategy, make_strategy
 
@@ -60,7 +76,8 @@ class TunerEvent:
     """One progress report. ``kind`` is one of ``phase`` (the phase changed),
     ``trial_start``, ``sample`` (``value`` is the sample in steps/s), ``trial_end``,
     ``choice`` (offline result), ``locked`` (online lock-in), ``drop`` (online: throughput
-    fell), ``done``."""
+    fell), ``done``. ``status`` is a snapshot of :meth:`Tuner.status`; ``trial`` is the live
+    trial object, which keeps changing after the event."""
 
     kind: str
     status: dict[str, Any]
@@ -148,7 +165,7 @@ class TuneResult:
         }
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> "TuneResult":
+    def from_record(cls, rec: dict[str, Any]) -> TuneResult:
         return cls(choice=Config.from_dict(rec["choice"]["config"]), reason=rec["choice"].get("why", ""),
                    trials=[Trial.from_dict(t) for t in rec.get("trials", [])],
                    final=[Trial.from_dict(t) for t in rec.get("final", [])],
@@ -163,7 +180,7 @@ class TuneResult:
         return save_record(self.to_record(), path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "TuneResult":
+    def load(cls, path: str | Path) -> TuneResult:
         return cls.from_record(load_record(path))
 
     def table(self) -> str:
@@ -214,6 +231,7 @@ class _Session:
         self.hardware: dict[str, Any] = {}
         self.workload: dict[str, Any] = {}
         self.cached: tuple[Config, float | None] | None = None
+        self.choice: Trial | None = None  # the measurement the final choice was made on
         self.profile_seconds = 0.0
         self._prepared = False
 
@@ -245,6 +263,9 @@ class _Session:
         return max(ok, key=lambda t: t.mean) if ok else None
 
     def _setup(self, executor: Any, num_steps: int) -> None:
+        if self.t0 is not None:
+            raise AuturiError(f"this {type(self).__name__} has already run (its history and strategy state are "
+                              f"spent); make a new one for another run")
         self.t0 = self.clock()
         n = int(executor.num_envs)
         if self.space is None:
@@ -289,7 +310,7 @@ class _Session:
 
     def status(self) -> dict[str, Any]:
         """The current state as a plain, JSON-ready dict."""
-        best = self.best(self.final or None) or self.best()
+        best = self.choice or self.best(self.final or None) or self.best()
         cur = self.current
         tl, sl = self.trials_left(), self.seconds_left()
         return {
@@ -311,6 +332,17 @@ class _Session:
         """Every trial so far as a dict (samples included)."""
         return [t.to_dict() for t in self.history + self.final]
 
+    def _reference(self, source: str) -> float | None:
+        """Below this a search trial may stop early: the lower end of the best measured
+        config's interval. Baselines are always measured fully: the choice is judged
+        against them."""
+        if source not in ("search", "online"):
+            return None
+        best = self.best()
+        if best is None or not math.isfinite(best.half_width):
+            return None
+        return best.mean - best.half_width
+
     def _record_trial(self, trial: Trial) -> None:
         trial.predicted = trial.predicted if trial.predicted is not None else self.strategy.predicted(trial.config)
         self.history.append(trial)
@@ -330,10 +362,12 @@ class Tuner(_Session):
         rel_half_width, min_samples, max_samples, max_trial_seconds: the measurement
             protocol (:class:`MeasureProtocol`); or pass ``protocol``.
         top_k: before the choice, the configs whose confidence interval reaches the best
-            one's (at most ``top_k`` of them, plus start and serial if among them) are
-            re-measured round robin and the choice is the fastest there; 0 turns this off.
-        final_rounds: ``(min, max)`` rounds of that re-measure (it stops after ``min``
-            once every interval is within ``rel_half_width``).
+            one's (at most ``top_k`` of them, plus start and serial when among them) are
+            re-measured round robin; the choice is the fastest of those measurements and of
+            the start and serial configs' own. 0 turns this off.
+        final_rounds: ``(min, max)`` rounds of that re-measure (it stops after ``min`` once
+            every interval is within ``rel_half_width`` or the fastest is clearly ahead).
+        final_samples: measured collects per finalist per round.
         space / devices / cores: the search space, or what to build it from.
         cache: None (default directory), False (no cache), a directory or a ResultsCache.
         confirm_tolerance: a cached choice is confirmed, and the search skipped, when it
@@ -349,7 +383,8 @@ class Tuner(_Session):
     def __init__(self, strategy: str | Strategy = "model", *, budget_trials: int | None = None,
                  budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
                  max_samples: int = 10, max_trial_seconds: float | None = 20.0,
-                 protocol: MeasureProtocol | None = None, top_k: int = 3, final_rounds: tuple[int, int] = (2, 4),
+                 protocol: MeasureProtocol | None = None, top_k: int = 3, final_rounds: tuple[int, int] = (2, 3),
+                 final_samples: int = 2,
                  space: SearchSpace | None = None, devices: Sequence[str] | None = None, cores: int | None = None,
                  cache: Any = None, confirm_tolerance: float = 0.10, callback: Callback | None = None,
                  seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
@@ -361,6 +396,7 @@ class Tuner(_Session):
                          strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
         self.top_k = top_k
         self.final_rounds = final_rounds
+        self.final_samples = final_samples
         self.confirm_tolerance = confirm_tolerance
 
     def _measure(self, executor: Any, config: Config, num_steps: int, source: str) -> Trial:
@@ -368,7 +404,7 @@ class Tuner(_Session):
         self.current = trial
         self._emit("trial_start", trial, message=str(config))
         t = measure(executor, config, num_steps, self.protocol, source=source, deadline=self.deadline(),
-                    clock=self.clock, raise_errors=False,
+                    clock=self.clock, raise_errors=False, reference=self._reference(source), trial=trial,
                     on_sample=lambda tr, v: self._emit("sample", tr, v))
         t.started = self.clock() - (self.t0 or 0.0) - t.seconds
         self.current = None
@@ -395,7 +431,9 @@ class Tuner(_Session):
         # The cached choice first (a second run starts at the known best), then the two
         # configs the choice must never be slower than.
         baselines: list[Config] = [self.cached[0]] if self.cached else []
-        baselines += [c for c in (start, serial) if c not in baselines]
+        for c in (start, serial):
+            if c not in baselines:
+                baselines.append(c)
         for c in baselines:
             src = "start" if c == start else ("cache" if self.cached and c == self.cached[0] else "serial")
             self._measure(executor, c, num_steps, src)
@@ -412,20 +450,35 @@ class Tuner(_Session):
 
         self._set_phase("final")
         finalists = self._finalists(start, serial)
-        if self.top_k > 0 and len(finalists) > 1 and self.final_rounds[1] > 0:
+        pool: list[Trial] = []
+        if self.top_k > 0 and self.final_rounds[1] > 0:
             # Interleaved, so a drift of the machine (thermal, a neighbour's job) hits
-            # every finalist alike rather than favouring whichever ran in a quiet moment.
-            self.final = remeasure_interleaved(
-                executor, finalists, num_steps, self.protocol, min_rounds=self.final_rounds[0],
-                max_rounds=self.final_rounds[1], clock=self.clock,
-                on_sample=lambda tr, v: self._emit("sample", tr, v))
+            # every finalist alike rather than favouring whichever ran in a quiet moment;
+            # a lone finalist is still re-measured, which unmasks a lucky first trial.
+            began = self.elapsed()
+            try:
+                self.final = remeasure_interleaved(
+                    executor, finalists, num_steps, self.protocol, min_rounds=self.final_rounds[0],
+                    max_rounds=self.final_rounds[1], samples_per_round=self.final_samples, clock=self.clock,
+                    on_sample=self._final_sample)
+            except Exception as e:
+                self.phase = "failed"
+                where = self.current.config if self.current else "a finalist"
+                raise TuneError(f"tuning stopped in the final re-measure: {where} failed ({type(e).__name__}: {e}). "
+                                f"The executor closed itself; make a new one.", list(self.history)) from e
+            self.current = None
             for t in self.final:
-                t.started = self.clock() - (self.t0 or 0.0) - t.seconds
+                t.started = began
+            # Start and serial not re-measured (clearly slower in the search) still count,
+            # by their search trials: the choice is never one measured slower than them.
+            redone = {t.config for t in self.final}
             pool = [t for t in self.final if t.ok]
-        else:
+            pool += [t for t in self.history if t.ok and t.config in (start, serial) and t.config not in redone]
+        if not any(t.ok for t in self.final):  # no re-measure (or every finalist refused it)
             pool = [t for t in self.history if t.ok]
         choice_trial = max(pool, key=lambda t: t.mean)
         choice = choice_trial.config
+        self.choice = choice_trial
         reason = self._reason(choice_trial, pool, start, serial, confirmed)
         executor.reconfigure(choice)
         result = TuneResult(
@@ -433,7 +486,7 @@ class Tuner(_Session):
             num_steps=num_steps, strategy=self.strategy.info(), space=self.space.sizes() if self.space else {},
             protocol=self.protocol.to_dict(),
             budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "top_k": self.top_k,
-                    "final_rounds": list(self.final_rounds)},
+                    "final_rounds": list(self.final_rounds), "final_samples": self.final_samples},
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None)
         if self.cache is not None:
@@ -442,6 +495,10 @@ class Tuner(_Session):
         self._emit("choice", choice_trial, choice_trial.mean, reason)
         self._emit("done", message=reason)
         return result
+
+    def _final_sample(self, trial: Trial, value: float) -> None:
+        self.current = trial
+        self._emit("sample", trial, value)
 
     def _cache_confirmed(self, start: Config, serial: Config) -> bool:
         """A cached choice is confirmed when it measures close to its cached throughput and
@@ -458,9 +515,10 @@ class Tuner(_Session):
         return close and m >= base
 
     def _finalists(self, start: Config, serial: Config) -> list[Config]:
-        """Configs still in contention: those whose confidence interval reaches the best
-        one's. The ``top_k`` fastest of them, plus start, serial and the cached choice if
-        they are among them. One left means the best is a clear winner: nothing to re-measure."""
+        """The configs still in contention: those whose confidence interval reaches the best
+        one's; the ``top_k`` fastest of them, plus start, serial and the cached choice when
+        they are in contention. (Re-measuring a clearly slower one would cost reconfigures,
+        seconds each on a real machine, and tell nothing.)"""
         by_cfg: dict[Config, Trial] = {}
         for t in self.history:
             if t.ok and (t.config not in by_cfg or t.mean > by_cfg[t.config].mean):
@@ -480,7 +538,7 @@ class Tuner(_Session):
 
     def _reason(self, choice: Trial, pool: list[Trial], start: Config, serial: Config, confirmed: bool) -> str:
         by = {t.config: t for t in pool}
-        how = (f"fastest of {len(pool)} configs re-measured interleaved" if self.final
+        how = (f"fastest of {len(pool)} configs, {len(self.final)} of them re-measured at the end" if self.final
                else f"fastest of {len(pool)} measured configs")
         parts = [f"{how}: {_fmt(choice.mean)} +- {_fmt(choice.half_width)} steps/s"]
         for name, ref in (("the start config", start), ("serial", serial)):
@@ -583,20 +641,39 @@ class OnlineTuner(_Session):
             if all(c != q for q, _ in self._queue):
                 self._queue.append((c, src))
         self._set_phase("explore")
-        self._start_trial(*self._queue.pop(0), num_steps=num_steps)
+        self._advance()
 
-    def _start_trial(self, config: Config, source: str, num_steps: int) -> None:
+    def _advance(self) -> None:
+        """Start the next trial, skipping configs the executor refuses; lock in when none is left."""
+        while True:
+            nxt = self._next()
+            if nxt is None:
+                self._lock()
+                return
+            if self._start_trial(*nxt):
+                return
+
+    def _start_trial(self, config: Config, source: str) -> bool:
+        """Reconfigure (unless already there) and start recording; False if refused."""
         t0 = self.clock()
         trial = Trial(config=config, source=source, started=t0 - (self.t0 or t0))
         warm = None
         if config != self.executor.config:
-            trial.reconfigure_seconds = float(self.executor.reconfigure(config) or 0.0)
+            try:
+                trial.reconfigure_seconds = float(self.executor.reconfigure(config) or 0.0)
+            except ConfigError as e:
+                trial.status, trial.error, trial.exception = "invalid", str(e), e
+                self._record_trial(trial)
+                self._emit("trial_end", trial, None, str(trial))
+                return False
         elif source == "research":
             warm = 0  # already running this config: nothing to warm up
         self.current = trial
-        self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock, t0=t0,
-                                  deadline=self.deadline() if self.phase == "explore" else None)
+        self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock,
+                                  deadline=self.deadline() if self.phase == "explore" else None,
+                                  reference=self._reference(source))
         self._emit("trial_start", trial, message=str(config))
+        return True
 
     def _feed(self, sps: float) -> None:
         rec = self._rec
@@ -613,11 +690,7 @@ class OnlineTuner(_Session):
             self._research_trials.append(t)
         self.current, self._rec = None, None
         self._emit("trial_end", t, t.mean if t.ok else None, str(t))
-        nxt = self._next()
-        if nxt is None:
-            self._lock()
-        else:
-            self._start_trial(*nxt, num_steps=self._num_steps)
+        self._advance()
 
     def _next(self) -> tuple[Config, str] | None:
         if self._queue:
@@ -636,7 +709,7 @@ class OnlineTuner(_Session):
         if best.config != self.executor.config:
             self.executor.reconfigure(best.config)
             self._fresh = True
-        self.locked, self.reference = best, best.mean
+        self.locked, self.reference, self.choice = best, best.mean, best
         self._drops = 0
         self._research_trials = []
         self._set_phase("locked")
@@ -660,10 +733,10 @@ class OnlineTuner(_Session):
         near = self.space.neighbours(locked)
         if self._prepared:
             near.sort(key=lambda c: -(self.strategy.predicted(c) or 0.0))
-        self._queue = [(c, "research") for c in near[:max(0, self.max_research_trials - 1)]]
+        self._queue = [(locked, "research")] + [(c, "research") for c in near[:max(0, self.max_research_trials - 1)]]
         self._research_trials = []
         self._set_phase("research")
-        self._start_trial(locked, "research", self._num_steps)
+        self._advance()
 
     def _save(self) -> None:
         if self.cache is None or self._saved:

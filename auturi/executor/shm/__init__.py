@@ -264,18 +264,21 @@ class ShmExecutor(Executor):
             raise WorkerError(s.name, reason, tb, self._config)
 
     def _close_workers(self) -> None:
-        if self._host is not None:
-            self._host.close()
-            self._host = None
+        """End every worker (EXIT, then SIGTERM, then SIGKILL), then unlink the blocks.
+        The unlinking runs whatever happened before it."""
         slots, self._slots = self._slots, []
         self._actor_lanes = []
-        if self._ctrl is not None:
-            for i, s in enumerate(slots):
-                if s.proc is not None and s.proc.is_alive():
-                    self._ctrl["cmd"][i] = EXIT
-                    s.start_sem.release()
-        for s in slots:
-            if s.proc is not None:
+        try:
+            if self._host is not None:
+                host, self._host = self._host, None
+                host.close()
+            started = [s for s in slots if s.proc is not None and s.proc._popen is not None]
+            if self._ctrl is not None:
+                for s in started:
+                    if s.proc.is_alive():
+                        self._ctrl["cmd"][slots.index(s)] = EXIT
+                        s.start_sem.release()
+            for s in started:
                 s.proc.join(JOIN_SECONDS)
                 if s.proc.is_alive():
                     s.proc.terminate()
@@ -284,11 +287,13 @@ class ShmExecutor(Executor):
                     s.proc.kill()
                     s.proc.join()
                 s.proc.close()
-            if s.conn is not None:
-                s.conn.close()
-        if self._ctrl is not None:
-            self._ctrl.close()
-            self._ctrl = None
-        if self._closed and self._weights is not None:
-            self._weights.close()
-            self._weights = None
+            for s in slots:
+                if s.conn is not None:
+                    s.conn.close()
+        finally:
+            if self._ctrl is not None:
+                self._ctrl.close()
+                self._ctrl = None
+            if self._closed and self._weights is not None:
+                self._weights.close()
+                self._weights = None

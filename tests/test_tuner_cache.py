@@ -1,0 +1,170 @@
+"""Results records, fingerprints, and the cache that lets a second run start at the known best."""
+from __future__ import annotations
+
+import functools
+import json
+
+import gymnasium as gym
+import pytest
+
+import auturi
+from auturi import Config
+from auturi.envs import CountingEnv
+from auturi.tuner import (
+    OnlineTuner,
+    ResultsCache,
+    Tuner,
+    TuneResult,
+    hardware_fingerprint,
+    load_record,
+    resolve_cache_dir,
+    workload_fingerprint,
+)
+from auturi.tuner.cache import (
+    CACHE_ENV_VAR,
+    describe_callable,
+    fingerprint_key,
+    save_record,
+)
+from tests.test_tuner_measure import FakeExecutor
+
+BEST = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)
+
+
+def speeds(c: Config) -> float:
+    return 3000.0 if c == BEST else 1000.0 + 10.0 * c.env_parallel_degree
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv(CACHE_ENV_VAR, raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert resolve_cache_dir() == tmp_path / "home" / ".cache" / "auturi"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert resolve_cache_dir() == tmp_path / "xdg" / "auturi"
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path / "env"))
+    assert resolve_cache_dir() == tmp_path / "env"
+    assert resolve_cache_dir(tmp_path / "arg") == tmp_path / "arg"
+    assert ResultsCache().directory == tmp_path / "env"
+
+
+def test_hardware_fingerprint_names_the_machine():
+    hw = hardware_fingerprint()
+    assert {"cpu_model", "cores", "memory_gib", "gpus", "torch", "platform"} <= set(hw)
+    assert hw["cores"] >= 1 and isinstance(hw["gpus"], list) and hw["torch"]
+    assert hardware_fingerprint() == hw  # stable within a machine
+    json.dumps(hw)
+
+
+def test_workload_fingerprint_is_stable_and_tells_workloads_apart():
+    policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    with auturi.make_executor(CountingEnv, policy, 4, backend="serial") as a, \
+            auturi.make_executor(CountingEnv, policy, 4, backend="serial", seed=7) as b, \
+            auturi.make_executor(CountingEnv, policy, 2, backend="serial") as c:
+        fa = workload_fingerprint(a, 16)
+        assert fa == workload_fingerprint(b, 16)  # the seed does not change the best layout
+        assert fa["env"] == "auturi.envs.CountingEnv" and fa["num_envs"] == 4 and fa["num_steps"] == 16
+        assert fa["policy"]["class"] == "auturi.policy.RandomPolicy"
+        assert "Discrete(3)" in fa["action_space"] and "Box" in fa["observation_space"]
+        assert fa != workload_fingerprint(c, 16)
+        assert fa != workload_fingerprint(a, 32)
+        assert workload_fingerprint(a, 16, {"workload": "x"})["workload"] == "x"
+        json.dumps(fa)
+
+
+def test_describe_callable_has_no_addresses():
+    assert describe_callable(CountingEnv) == "auturi.envs.CountingEnv"
+    d = describe_callable(functools.partial(CountingEnv, max_len=5))
+    assert d == "auturi.envs.CountingEnv(max_len=5)"
+    assert " at 0x" not in describe_callable(lambda: None)
+
+    class Maker:
+        def __call__(self):
+            return None
+
+    class Named(Maker):
+        def __repr__(self):
+            return "Named('Pong-v5')"
+
+    assert describe_callable(Maker()).endswith("Maker")  # default repr: the class, no address
+    assert describe_callable(Named()).endswith("Named('Pong-v5')")  # tells tasks apart
+
+
+def test_record_round_trips_through_json(tmp_path):
+    ex = FakeExecutor(8, speeds, noise=0.02)
+    result = Tuner("grid", budget_trials=4, cache=False, clock=ex.clock, workload={"name": "fake"}).tune(ex, 16)
+    path = result.save(tmp_path / "run.json")
+    rec = load_record(path)
+    assert rec["schema"] == 1 and rec["workload"]["name"] == "fake" and rec["hardware"]["cores"] >= 1
+    assert rec["choice"]["config"] == result.choice.to_dict() and rec["choice"]["why"] == result.reason
+    assert len(rec["trials"]) == 4
+    for t, saved in zip(result.trials, rec["trials"]):
+        assert saved["samples"] == t.samples and saved["warmup"] == t.warmup  # every sample kept
+    back = TuneResult.load(path)
+    assert back.choice == result.choice and back.start == result.start
+    assert [t.config for t in back.trials] == [t.config for t in result.trials]
+    assert back.throughput == pytest.approx(result.throughput)
+
+
+def test_cache_store_load_and_corrupt_file(tmp_path):
+    cache = ResultsCache(tmp_path)
+    hw, wl = {"cpu_model": "x", "cores": 2}, {"env": "e", "num_envs": 4}
+    assert cache.load(hw, wl) is None
+    cache.store({"hardware": hw, "workload": wl, "choice": {"config": BEST.to_dict(), "throughput": 5.0}})
+    assert cache.best(hw, wl) == (BEST, 5.0)
+    assert cache.load(hw, {**wl, "num_envs": 8}) is None  # another workload: another key
+    assert cache.path(hw, wl).name == fingerprint_key(hw, wl) + ".json"
+    cache.path(hw, wl).write_text("{not json")
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert cache.load(hw, wl) is None
+    with pytest.raises(ValueError, match="hardware"):
+        cache.store({"choice": {}})
+    assert cache.clear() == 1
+
+
+def test_save_record_refuses_nan(tmp_path):
+    with pytest.raises(ValueError):
+        save_record({"x": float("nan")}, tmp_path / "r.json")
+    assert not list(tmp_path.iterdir())  # no half-written file left behind
+
+
+def test_second_run_starts_at_the_cached_best_and_stops_early(tmp_path):
+    ex1 = FakeExecutor(8, speeds, noise=0.02, seed=1)
+    first = Tuner("grid", cache=tmp_path, clock=ex1.clock).tune(ex1, 16)
+    assert first.choice == BEST and not first.cache_hit
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+    ex2 = FakeExecutor(8, speeds, noise=0.02, seed=2)  # a fresh executor, back at serial
+    events = []
+    second = Tuner("grid", cache=tmp_path, clock=ex2.clock, callback=events.append).tune(ex2, 16)
+    assert second.cache_hit
+    assert second.trials[0].source == "cache" and second.trials[0].config == BEST  # measured first
+    assert [t.source for t in second.trials] == ["cache", "start"]  # start is serial here
+    assert "confirmed" in second.reason
+    assert second.choice == BEST and ex2.config == BEST
+    assert "search" not in [e.message for e in events if e.kind == "phase"]
+    assert ex2.collects < ex1.collects / 5
+
+
+def test_a_cached_choice_that_got_slower_is_not_trusted(tmp_path):
+    ex1 = FakeExecutor(8, speeds, noise=0.02, seed=1)
+    Tuner("grid", cache=tmp_path, clock=ex1.clock).tune(ex1, 16)
+    ex2 = FakeExecutor(8, speeds, noise=0.02, seed=2)
+    ex2.slowdown[BEST] = 0.3  # the machine changed in a way the fingerprint missed
+    second = Tuner("grid", cache=tmp_path, clock=ex2.clock).tune(ex2, 16)
+    assert second.cache_hit and "not confirmed" in second.reason
+    assert any(t.source == "search" for t in second.trials)
+    assert second.choice != BEST
+
+
+def test_online_tuner_uses_and_fills_the_cache(tmp_path):
+    ex1 = FakeExecutor(8, speeds, noise=0.01, seed=1)
+    first = Tuner("grid", cache=tmp_path, clock=ex1.clock).tune(ex1, 16)
+    assert first.choice == BEST
+    ex2 = FakeExecutor(8, speeds, noise=0.01, seed=2)
+    online = OnlineTuner(ex2, "grid", budget_trials=3, cache=tmp_path, clock=ex2.clock, min_samples=2)
+    online.collect(16)
+    assert ex2.config == BEST  # switched to the cached best before its first collect
+    while online.phase != "locked":
+        online.collect(16)
+    assert online.history[0].source == "cache" and online.locked_config == BEST

@@ -1,0 +1,260 @@
+"""The measurement protocol: statistics, stopping rule, warm-up, caps, the interleaved
+re-measure. Also home of :class:`FakeExecutor`, which the other tuner tests import: an
+executor whose throughput is a known function of the config plus seeded noise, on a fake
+clock, so no process is started and nothing depends on real time."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from auturi import Config, ConfigError
+from auturi.rollout import CollectStats
+from auturi.tuner.measure import (
+    MeasureProtocol,
+    Trial,
+    TrialRecorder,
+    mean_half_width,
+    measure,
+    remeasure_interleaved,
+    t95,
+)
+
+
+# ---------------------------------------------------------------------------- the fake
+@dataclass
+class FakeRollout:
+    """What a collect returns: stats like a real Rollout, plus which collect it was."""
+
+    stats: CollectStats
+    index: int
+    config: Config
+    num_steps: int
+
+
+class FakeExecutor:
+    """Throughput ``truth(config) * (1 + noise * N(0, 1))``; the first collect after a
+    reconfigure runs at ``warmup_factor`` of that. Time is a fake clock (``clock()``) that
+    collects and reconfigures advance. ``slowdown[config]`` multiplies a config's throughput
+    (to simulate a drift); ``fail_on`` configs raise in collect."""
+
+    backend = "fake"
+
+    def __init__(self, num_envs: int, truth: Callable[[Config], float], noise: float = 0.0, seed: int = 0,
+                 config: Config | None = None, warmup_factor: float = 0.5, reconfigure_seconds: float = 0.5):
+        self.num_envs = num_envs
+        self.truth, self.noise = truth, noise
+        self.rng = np.random.default_rng(seed)
+        self._config = config or Config.serial(num_envs)
+        self.warmup_factor, self.reconf_s = warmup_factor, reconfigure_seconds
+        self.now = 0.0
+        self.collects = 0
+        self.reconfigures = 0
+        self.log: list[tuple[str, Config]] = []
+        self.slowdown: dict[Config, float] = {}
+        self.fail_on: set[Config] = set()
+        self.closed = False
+        self._fresh = True
+
+    def clock(self) -> float:
+        return self.now
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def reconfigure(self, config: Config) -> float:
+        if self.closed:
+            raise RuntimeError("closed")
+        if config.num_envs != self.num_envs:
+            raise ConfigError("num_actors*envs_per_actor", config.num_envs, f"must equal num_envs={self.num_envs}")
+        if config == self._config:
+            return 0.0
+        self._config = config
+        self._fresh = True
+        self.reconfigures += 1
+        self.log.append(("reconfigure", config))
+        self.now += self.reconf_s
+        return self.reconf_s
+
+    def true_sps(self, config: Config) -> float:
+        return self.truth(config) * self.slowdown.get(config, 1.0)
+
+    def collect(self, num_steps: int) -> FakeRollout:
+        if self._config in self.fail_on:
+            self.closed = True
+            raise RuntimeError(f"worker failed under {self._config}")
+        sps = self.true_sps(self._config) * max(0.05, 1.0 + self.noise * self.rng.standard_normal())
+        if self._fresh:
+            sps *= self.warmup_factor
+            self._fresh = False
+        steps = num_steps * self.num_envs
+        self.now += steps / sps
+        self.collects += 1
+        self.log.append(("collect", self._config))
+        return FakeRollout(CollectStats(steps, steps / sps), self.collects, self._config, num_steps)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def const(v: float) -> Callable[[Config], float]:
+    return lambda c: v
+
+
+# ---------------------------------------------------------------------------- statistics
+def test_t_quantiles_match_the_table_and_tend_to_the_normal():
+    assert t95(1) == pytest.approx(12.706)
+    assert t95(2) == pytest.approx(4.303)
+    assert t95(30) == pytest.approx(2.042)
+    assert 2.021 < t95(35) < 2.042  # interpolated between 30 and 40
+    assert t95(10_000) == pytest.approx(1.95996, abs=1e-3)
+    assert all(t95(d) > t95(d + 1) for d in range(1, 200))  # strictly decreasing
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t95(0)
+
+
+def test_half_width_is_t_times_standard_error():
+    m, hw = mean_half_width([100.0, 102.0, 98.0])
+    assert m == pytest.approx(100.0)
+    assert hw == pytest.approx(4.303 * 2.0 / math.sqrt(3))
+    m, hw = mean_half_width([7.0])
+    assert m == 7.0 and hw == math.inf
+    m, hw = mean_half_width([])
+    assert math.isnan(m) and hw == math.inf
+    assert mean_half_width([5.0, 5.0, 5.0]) == (5.0, 0.0)
+
+
+def test_protocol_rejects_settings_that_cannot_work():
+    with pytest.raises(ValueError, match="min_samples"):
+        MeasureProtocol(min_samples=1)
+    with pytest.raises(ValueError, match="max_samples"):
+        MeasureProtocol(min_samples=4, max_samples=3)
+    with pytest.raises(ValueError, match="rel_half_width"):
+        MeasureProtocol(rel_half_width=0.0)
+
+
+# ---------------------------------------------------------------------------- stopping rule
+def test_warmup_is_discarded_and_a_steady_config_converges_at_min_samples():
+    target = Config(num_actors=2, envs_per_actor=2)
+    ex = FakeExecutor(4, const(1000.0), warmup_factor=0.25, reconfigure_seconds=0.7)
+    t = measure(ex, target, 10, MeasureProtocol(min_samples=3), clock=ex.clock)
+    assert t.status == "ok" and t.stop_reason == "converged"
+    assert t.warmup == [pytest.approx(250.0)]  # the slow first collect is kept apart...
+    assert t.samples == [pytest.approx(1000.0)] * 3  # ...and not in the samples
+    assert t.mean == pytest.approx(1000.0) and t.half_width == pytest.approx(0.0)
+    assert t.reconfigure_seconds == pytest.approx(0.7)  # timed apart from throughput
+    assert ex.collects == 1 + 3
+    assert ex.config == target
+    # the trial's seconds cover reconfigure, warm-up and samples
+    assert t.seconds == pytest.approx(0.7 + 40 / 250 + 3 * 40 / 1000)
+
+
+def test_a_noisy_config_hits_max_samples_and_keeps_every_sample():
+    ex = FakeExecutor(4, const(1000.0), noise=0.5, seed=1)
+    p = MeasureProtocol(rel_half_width=0.01, min_samples=3, max_samples=7, max_seconds=None)
+    t = measure(ex, Config(envs_per_actor=4, env_parallel_degree=2), 10, p, clock=ex.clock)
+    assert t.stop_reason == "max_samples"
+    assert t.n == 7 and ex.collects == 8
+    assert len(set(t.samples)) == 7  # every collect's own value, none dropped
+    assert t.half_width > 0.01 * t.mean
+
+
+def test_stopping_rule_stops_as_soon_as_the_interval_is_tight_enough():
+    tr = Trial(config=Config.serial(2))
+    rec = TrialRecorder(tr, MeasureProtocol(rel_half_width=0.05, min_samples=3, max_samples=10), warmup=0)
+    assert rec.add(100.0) is False
+    assert rec.add(130.0) is False  # two samples: below min_samples regardless
+    assert rec.add(70.0) is False   # mean 100, half-width ~75: keep going
+    for _ in range(20):
+        if rec.add(100.0):
+            break
+    assert tr.stop_reason in ("converged", "max_samples")
+    m, hw = mean_half_width(tr.samples)
+    assert (hw <= 0.05 * m) == (tr.stop_reason == "converged")
+    assert tr.n <= 10
+
+
+def test_max_seconds_and_deadline_caps_stop_after_at_least_one_sample():
+    ex = FakeExecutor(4, const(40.0), noise=0.3, seed=2)  # 10 steps x 4 envs at 40/s: 1 s per collect
+    p = MeasureProtocol(rel_half_width=0.001, max_samples=50, max_seconds=3.5)
+    t = measure(ex, Config(num_actors=4, envs_per_actor=1), 10, p, clock=ex.clock)
+    assert t.stop_reason == "max_seconds"
+    assert 1 <= t.n < 50
+
+    ex2 = FakeExecutor(4, const(40.0), noise=0.3, seed=2)
+    t2 = measure(ex2, Config.serial(4), 10, MeasureProtocol(rel_half_width=0.001, max_seconds=None),
+                 clock=ex2.clock, deadline=0.0)
+    assert t2.stop_reason == "budget" and t2.n == 1
+
+
+def test_a_config_the_executor_refuses_is_invalid_and_leaves_it_usable():
+    ex = FakeExecutor(4, const(1000.0))
+    t = measure(ex, Config.serial(8), 10, clock=ex.clock)
+    assert t.status == "invalid" and "num_envs=4" in t.error
+    assert not t.ok and t.score() == -math.inf
+    assert ex.config == Config.serial(4) and ex.collects == 0
+
+
+def test_a_failing_config_is_recorded_then_raised_unless_asked_not_to():
+    bad = Config(envs_per_actor=4, env_parallel_degree=4)
+    ex = FakeExecutor(4, const(1000.0))
+    ex.fail_on.add(bad)
+    t = measure(ex, bad, 10, clock=ex.clock, raise_errors=False)
+    assert t.status == "failed" and "worker failed" in t.error
+    ex2 = FakeExecutor(4, const(1000.0))
+    ex2.fail_on.add(bad)
+    with pytest.raises(RuntimeError, match="worker failed"):
+        measure(ex2, bad, 10, clock=ex2.clock)
+
+
+def test_trial_round_trips_through_a_dict_without_inf_or_nan():
+    t = Trial(config=Config(num_actors=2, envs_per_actor=2), samples=[5.0], warmup=[1.0], status="ok", source="x")
+    d = t.to_dict()
+    assert d["half_width"] is None  # inf is not JSON
+    back = Trial.from_dict(d)
+    assert back.config == t.config and back.samples == [5.0] and back.warmup == [1.0] and back.source == "x"
+
+
+# ---------------------------------------------------------------------------- interleaving
+def test_interleaved_remeasure_goes_round_robin_and_reconfigures_between():
+    a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
+    speeds = {a: 1000.0, b: 2000.0}
+    ex = FakeExecutor(4, lambda c: speeds[c], warmup_factor=0.5)
+    trials = remeasure_interleaved(ex, [a, b], 10, MeasureProtocol(), min_rounds=3, max_rounds=3,
+                                   clock=ex.clock)
+    order = [c for kind, c in ex.log if kind == "reconfigure"]
+    assert order == [b, a, b, a, b]  # starts on a (already configured), then alternates
+    assert [t.config for t in trials] == [a, b]
+    assert all(t.source == "final" and t.n == 3 and len(t.warmup) == 3 for t in trials)
+    assert trials[1].mean == pytest.approx(2000.0) and trials[0].mean == pytest.approx(1000.0)
+    assert all(w == pytest.approx(0.5 * speeds[t.config]) for t in trials for w in t.warmup)
+
+
+def test_interleaved_remeasure_stops_early_once_every_interval_is_tight():
+    a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
+    ex = FakeExecutor(4, const(1000.0))
+    trials = remeasure_interleaved(ex, [a, b], 10, MeasureProtocol(), min_rounds=2, max_rounds=6, clock=ex.clock)
+    assert all(t.n == 2 and t.stop_reason == "converged" for t in trials)
+
+
+def test_a_clearly_slower_config_stops_early_but_a_close_one_does_not():
+    ex = FakeExecutor(4, const(1000.0), noise=0.02, seed=3)
+    p = MeasureProtocol(rel_half_width=0.001, max_samples=10, max_seconds=None)
+    slow = measure(ex, Config(num_actors=2, envs_per_actor=2), 10, p, clock=ex.clock, reference=5000.0)
+    assert slow.stop_reason == "slower" and slow.n == 2 and slow.status == "ok"
+    close = measure(ex, Config(num_actors=4, envs_per_actor=1), 10, p, clock=ex.clock, reference=990.0)
+    assert close.stop_reason == "max_samples" and close.n == 10
+
+
+def test_interleaved_remeasure_stops_once_the_winner_is_clear():
+    a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
+    speeds = {a: 1000.0, b: 3000.0}
+    ex = FakeExecutor(4, lambda c: speeds[c], noise=0.1, seed=4)
+    p = MeasureProtocol(rel_half_width=0.001)  # intervals never get this tight
+    trials = remeasure_interleaved(ex, [a, b], 10, p, min_rounds=3, max_rounds=8, clock=ex.clock)
+    assert all(t.stop_reason == "separated" for t in trials)
+    assert 3 <= trials[0].n < 8

@@ -1,0 +1,116 @@
+"""The search space: exactly the valid configs, pruned points with their reasons, sizes."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from auturi import Config
+from auturi.tuner import space as space_mod
+from auturi.tuner.space import MAX_PROCESSES_PER_CORE, build_space, divisors
+
+
+def brute_force(n: int, cores: int) -> set[Config]:
+    """Every knob combination that makes a valid Config and breaks no pruning rule."""
+    out = set()
+    for a, d, p, b in itertools.product(range(1, n + 1), repeat=4):
+        if n % a:
+            continue
+        try:
+            c = Config(num_actors=a, envs_per_actor=n // a, env_parallel_degree=d, policies_per_actor=p,
+                       policy_batch_size=b)
+        except ValueError:
+            continue
+        e = n // a
+        if e % p or e % b:  # the space uses divisors for replicas and batch sizes
+            continue
+        if c.num_processes <= MAX_PROCESSES_PER_CORE * cores and p * b <= e:
+            out.add(c)
+    return out
+
+
+def test_divisors():
+    assert divisors(1) == [1]
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(16) == [1, 2, 4, 8, 16]
+
+
+@pytest.mark.parametrize("n,cores", [(4, 2), (8, 2), (12, 4), (16, 8)])
+def test_space_is_exactly_the_valid_unpruned_configs(n, cores):
+    s = build_space(n, cores=cores, devices=["cpu"])
+    assert set(s.configs) == brute_force(n, cores)
+    assert len(s.configs) == len(set(s.configs))  # no duplicates
+    for c in s.configs:
+        assert c.num_envs == n
+        assert c.envs_per_actor % c.env_parallel_degree == 0
+        assert c.envs_per_actor % c.policy_batch_size == 0
+        assert c.policies_per_actor * c.policy_batch_size <= c.envs_per_actor
+    assert Config.serial(n) in s
+    # every enumerated point is either kept or pruned with a reason
+    total = sum(len(divisors(n // a)) ** 3 for a in divisors(n))
+    assert len(s.configs) + len(s.pruned) == total
+    assert all(isinstance(why, str) and why for _, why in s.pruned)
+
+
+def test_pruned_points_keep_their_reason_with_the_numbers():
+    s = build_space(16, cores=2, devices=["cpu"])
+    c = Config(envs_per_actor=16, env_parallel_degree=16)  # 16 env workers on 2 cores
+    assert c not in s
+    assert c.num_processes > 4 * 2
+    assert s.reason_pruned(c) == f"more processes ({c.num_processes}) than 4x cores (2)"
+    c2 = Config(envs_per_actor=16, policies_per_actor=4, policy_batch_size=8)
+    assert "policies_per_actor*policy_batch_size (32) > envs_per_actor (16)" in s.reason_pruned(c2)
+    assert s.reason_pruned(Config.serial(16)) is None
+    # more cores: the same point is kept
+    assert c in build_space(16, cores=4, devices=["cpu"])
+
+
+def test_cuda_points_are_pruned_when_there_is_no_gpu(monkeypatch):
+    monkeypatch.setattr(space_mod, "_cuda_device_count", lambda: 0)
+    s = build_space(8, cores=4, devices=["cpu", "cuda"])
+    assert all(c.policy_device == "cpu" for c in s.configs)
+    cuda = [(c, why) for c, why in s.pruned if c.policy_device == "cuda"]
+    assert cuda and all(why.startswith("cuda unavailable") for _, why in cuda)
+    assert space_mod.available_devices() == ["cpu"]
+
+
+def test_cuda_points_are_kept_when_a_gpu_exists(monkeypatch):
+    monkeypatch.setattr(space_mod, "_cuda_device_count", lambda: 1)
+    s = build_space(8, cores=4, devices=["cpu", "cuda", "cuda:1"])
+    assert {c.policy_device for c in s.configs} == {"cpu", "cuda"}
+    assert all("does not exist" in why for c, why in s.pruned if c.policy_device == "cuda:1")
+    assert len([c for c in s.configs if c.policy_device == "cuda"]) == len([c for c in s.configs
+                                                                            if c.policy_device == "cpu"])
+
+
+def test_sizes_and_summary_report_counts_by_reason():
+    s = build_space(16, cores=2, devices=["cpu"])
+    sizes = s.sizes()
+    assert sizes["configs"] == len(s.configs) and sizes["pruned"] == len(s.pruned)
+    assert sum(sizes["pruned_by_reason"].values()) == len(s.pruned)
+    assert "more processes than 4x cores" in sizes["pruned_by_reason"]
+    text = s.summary()
+    assert text.startswith(f"{len(s.configs)} configs for 16 envs on 2 cores (cpu); {len(s.pruned)} pruned")
+
+
+def test_total_is_fixed_unless_a_range_is_asked_for():
+    assert build_space(8, cores=8, devices=["cpu"]).totals == (8,)
+    s = build_space(8, cores=8, devices=["cpu"], num_envs_options=[4, 16])
+    assert s.totals == (4, 8, 16)
+    assert {c.num_envs for c in s.configs} == {4, 8, 16}
+    with pytest.raises(ValueError, match=">= 1"):
+        build_space(8, num_envs_options=[0])
+
+
+def test_neighbours_are_one_step_away_and_in_the_space():
+    s = build_space(16, cores=8, devices=["cpu"])
+    c = Config(envs_per_actor=16, env_parallel_degree=4, policy_batch_size=8)
+    near = s.neighbours(c)
+    assert c not in near and all(n in s for n in near)
+    assert Config(envs_per_actor=16, env_parallel_degree=2, policy_batch_size=8) in near
+    assert Config(envs_per_actor=16, env_parallel_degree=8, policy_batch_size=8) in near
+    assert Config(envs_per_actor=16, env_parallel_degree=4, policy_batch_size=4) in near
+    assert Config(envs_per_actor=16, env_parallel_degree=4, policy_batch_size=16) in near
+    assert Config(envs_per_actor=16, env_parallel_degree=4, policies_per_actor=2, policy_batch_size=8) in near
+    assert any(n.num_actors == 2 for n in near)  # the next actor count
+    assert all(n.num_actors in (1, 2) for n in near)

@@ -1,0 +1,337 @@
+"""Strategies and the offline Tuner on synthetic throughput landscapes (FakeExecutor: no
+processes, fake clock), plus one small run on the real serial backend.
+
+The landscapes are not the model's own formula: ``pipeline_truth`` is an independent
+pipeline simulation that also charges for oversubscribed cores, and the model strategy gets a
+deliberately wrong profile, so it has to correct itself from measurements. With 3% noise per
+collect, no strategy may choose a config whose true throughput is more than 5% below the best.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import gymnasium as gym
+import pytest
+
+import auturi
+from auturi import Config
+from auturi.envs import CountingEnv
+from auturi.tuner import (
+    GridStrategy,
+    ModelStrategy,
+    Profile,
+    Strategy,
+    TuneError,
+    Tuner,
+    build_space,
+    make_strategy,
+    predict,
+)
+from tests.test_tuner_measure import FakeExecutor
+
+CORES = 8
+
+
+def pipeline_truth(c: Config) -> float:
+    """An env that waits 400 us per step, a 150 us + 4 us/obs policy, 80 us per worker
+    round trip, a cap of CORES, and 15% lost per process beyond the cores."""
+    A, E, D, P, B = c.num_actors, c.envs_per_actor, c.env_parallel_degree, c.policies_per_actor, c.policy_batch_size
+    penalty = 1 + 0.15 * max(0, c.num_processes + 1 - CORES)
+    lat = 150e-6 + 4e-6 * B
+    env_row = (E / D) * 400e-6 + (D > 1) * 80e-6
+    g = E // B
+    pol_row = g / P * (lat + (P > 1) * 80e-6)
+    row = env_row + pol_row if (D == 1 and P == 1) else max(env_row, pol_row) + min(env_row, pol_row) / g
+    return min(A * E / row / penalty, CORES / (80e-6 + lat / B))
+
+
+CHEAP = Profile(env_step_seconds=10e-6, env_step_std=2e-6, env_cpu_fraction=1.0,
+                policy_seconds={"cpu": {1: 100e-6, 16: 110e-6}}, ipc_seconds=150e-6, cores=CORES)
+
+
+def cheap_truth(c: Config) -> float:
+    """A cheap env where worker round trips cost more than stepping (serial-like wins)."""
+    return predict(c, CHEAP) * (1.05 if c.num_actors == 2 else 1.0)
+
+
+WRONG_PROFILE = Profile(env_step_seconds=300e-6, env_step_std=0.0, env_cpu_fraction=0.5,
+                        policy_seconds={"cpu": {1: 100e-6, 16: 130e-6}}, cores=CORES)
+WRONG_CHEAP = Profile(env_step_seconds=15e-6, env_cpu_fraction=1.0, policy_seconds={"cpu": {1: 80e-6, 16: 100e-6}},
+                      cores=CORES)
+
+
+def best_true(space, truth) -> float:
+    return max(truth(c) for c in space)
+
+
+def run(strategy, truth, n: int, seed: int = 0, noise: float = 0.03, **kw):
+    space = build_space(n, cores=CORES, devices=["cpu"])
+    ex = FakeExecutor(n, truth, noise=noise, seed=seed)
+    tuner = Tuner(strategy, cache=False, seed=seed, clock=ex.clock, space=space, **kw)
+    return tuner.tune(ex, 32), ex, space
+
+
+class ListStrategy(Strategy):
+    """Proposes a fixed list, for tests of the tuner's own rules."""
+
+    name = "list"
+
+    def __init__(self, configs):
+        super().__init__()
+        self.configs = list(configs)
+
+    def propose(self, history):
+        tried = {t.config for t in history}
+        return next((c for c in self.configs if c not in tried), None)
+
+
+# ---------------------------------------------------------------------------- strategies
+def test_make_strategy_by_name_and_unknown_name():
+    assert isinstance(make_strategy("grid"), GridStrategy)
+    assert isinstance(make_strategy("model"), ModelStrategy)
+    s = GridStrategy()
+    assert make_strategy(s) is s
+    with pytest.raises(ValueError, match="choose one of"):
+        make_strategy("annealing")
+
+
+def test_grid_proposes_every_config_once_then_stops():
+    space = build_space(8, cores=CORES, devices=["cpu"])
+    s = GridStrategy()
+    s.prepare(space)
+    history, seen = [], []
+    from auturi.tuner import Trial
+    while (c := s.propose(history)) is not None:
+        seen.append(c)
+        history.append(Trial(config=c, samples=[1.0], status="ok"))
+    assert seen == space.configs
+
+
+def test_grid_finds_the_best_under_noise_and_measures_each_config_once():
+    result, ex, space = run("grid", pipeline_truth, 8)
+    assert pipeline_truth(result.choice) >= 0.95 * best_true(space, pipeline_truth)
+    measured = [t.config for t in result.trials]
+    assert len(measured) == len(set(measured)) == len(space)  # serial is the start: one trial
+    assert ex.config == result.choice
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_model_finds_the_grid_answer_at_a_fraction_of_the_cost(seed):
+    result, _, space = run(ModelStrategy(profile=WRONG_PROFILE), pipeline_truth, 16, seed=seed)
+    assert pipeline_truth(result.choice) >= 0.95 * best_true(space, pipeline_truth)
+    assert len(result.trials) <= 0.15 * len(space)  # the grid needs len(space) trials
+    assert result.strategy["name"] == "model" and result.strategy["fitted"]["ipc_seconds"] > 0
+    assert all(t.predicted is not None for t in result.trials if t.source == "search")
+
+
+def test_model_finds_a_serial_like_winner_on_a_cheap_env():
+    result, _, space = run(ModelStrategy(profile=WRONG_CHEAP), cheap_truth, 16, seed=3)
+    assert cheap_truth(result.choice) >= 0.95 * best_true(space, cheap_truth)
+    assert len(result.trials) <= 10
+
+
+def test_model_without_profile_needs_an_executor_it_can_profile():
+    space = build_space(4, cores=2, devices=["cpu"])
+    with pytest.raises(ValueError, match="needs a Profile"):
+        ModelStrategy().prepare(space)
+    with pytest.raises(TypeError, match="no env_fns/policy"):
+        ModelStrategy().prepare(space, FakeExecutor(4, lambda c: 1.0))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_optuna_finds_the_best_within_its_budget(seed):
+    pytest.importorskip("optuna")
+    result, _, space = run("optuna", pipeline_truth, 8, seed=seed, budget_trials=32)
+    assert pipeline_truth(result.choice) >= 0.95 * best_true(space, pipeline_truth)
+    measured = [t.config for t in result.trials]
+    assert len(measured) == len(set(measured)) == 32  # budget respected, nothing measured twice
+
+
+def test_optuna_is_reproducible_with_a_seed():
+    pytest.importorskip("optuna")
+    a, _, _ = run("optuna", pipeline_truth, 8, seed=5, budget_trials=12)
+    b, _, _ = run("optuna", pipeline_truth, 8, seed=5, budget_trials=12)
+    assert [t.config for t in a.trials] == [t.config for t in b.trials]
+
+
+# ---------------------------------------------------------------------------- tuner rules
+def test_a_config_that_measured_fast_once_loses_in_the_final_remeasure():
+    """A trap: fast for its first collects only. The final re-measure catches it, and the
+    choice is never a config measured slower than start or serial."""
+    start = Config(num_actors=2, envs_per_actor=2)
+    trap = Config(envs_per_actor=4, env_parallel_degree=2)
+    speeds = {Config.serial(4): 900.0, start: 1000.0, trap: 600.0}
+
+    class TrapExecutor(FakeExecutor):
+        boost_left = 6
+
+        def collect(self, num_steps):
+            r = super().collect(num_steps)
+            if self.config == trap and self.boost_left > 0:  # looks 3x faster at first
+                self.boost_left -= 1
+                r.stats.seconds /= 3.0
+            return r
+
+    ex = TrapExecutor(4, lambda c: speeds[c], noise=0.01, config=start)
+    result = Tuner(ListStrategy([trap]), cache=False, clock=ex.clock).tune(ex, 16)
+    search = {t.config: t.mean for t in result.trials}
+    assert search[trap] > search[start]  # the trap did look best during the search
+    final = {t.config: t.mean for t in result.final}
+    assert set(final) == {trap}  # the only contender; start and serial were clearly slower
+    assert final[trap] < search[start]  # re-measured, the trap shows its true speed
+    assert result.choice == start and ex.config == start
+
+
+def deciding(result, config):
+    """The measurement a config was judged on: its final re-measure, else its search trial."""
+    for pool in (result.final, result.trials[::-1]):
+        for t in pool:
+            if t.config == config and t.ok:
+                return t
+    return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_choice_is_never_measured_slower_than_start_or_serial(seed):
+    """Random landscapes, the start config placed at random: the choice's throughput, in the
+    measurements it was chosen on, is at least the start's and serial's."""
+    import random
+
+    rng = random.Random(seed)
+    space = build_space(8, cores=CORES, devices=["cpu"])
+    speeds = {c: rng.uniform(500, 1500) for c in space}
+    start = rng.choice(space.configs)
+    ex = FakeExecutor(8, lambda c: speeds[c], noise=0.05, seed=seed, config=start)
+    result = Tuner("grid", budget_trials=6, cache=False, clock=ex.clock, seed=seed).tune(ex, 16)
+    chosen = deciding(result, result.choice)
+    assert chosen is result.choice_trial
+    for ref in (start, Config.serial(8)):
+        assert chosen.mean >= deciding(result, ref).mean
+    assert speeds[result.choice] >= 0.9 * max(speeds[t.config] for t in result.trials)
+
+
+def test_the_start_config_wins_when_it_is_the_fastest():
+    start = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)
+    ex = FakeExecutor(8, lambda c: 3000.0 if c == start else 1000.0, noise=0.02, config=start)
+    result = Tuner("grid", budget_trials=5, cache=False, clock=ex.clock).tune(ex, 16)
+    assert [t.source for t in result.trials[:2]] == ["start", "serial"]
+    assert result.choice == start and ex.config == start
+    assert result.speedup("start") == pytest.approx(1.0)
+    assert result.speedup("serial") > 2.5
+    assert "it is the start config" in result.reason
+
+
+def test_budget_in_trials_and_in_seconds():
+    result, _, _ = run("grid", pipeline_truth, 8, budget_trials=7)
+    assert len(result.trials) == 7
+    # Each trial costs at least the 0.5 s fake reconfigure: 5 s allow only a few.
+    result, _, _ = run("grid", pipeline_truth, 8, budget_seconds=5.0)
+    assert 2 <= len(result.trials) < 12
+
+
+def test_a_failing_config_stops_tuning_with_the_trials_so_far():
+    bad = Config(envs_per_actor=4, env_parallel_degree=4)
+    ex = FakeExecutor(4, lambda c: 1000.0)
+    ex.fail_on.add(bad)
+    tuner = Tuner(ListStrategy([Config(num_actors=2, envs_per_actor=2), bad]), cache=False, clock=ex.clock)
+    with pytest.raises(TuneError, match="failed") as info:
+        tuner.tune(ex, 8)
+    assert info.value.trials[-1].config == bad and info.value.trials[-1].status == "failed"
+    assert tuner.status()["phase"] == "failed"
+
+
+def test_a_config_the_executor_refuses_is_skipped():
+    class Picky(FakeExecutor):
+        def reconfigure(self, config):
+            if config.num_actors == 2:
+                raise auturi.ConfigError("num_actors", 2, "not on this machine")
+            return super().reconfigure(config)
+
+    ex = Picky(4, lambda c: 1000.0 * c.env_parallel_degree)
+    good = Config(envs_per_actor=4, env_parallel_degree=2)
+    result = Tuner(ListStrategy([Config(num_actors=2, envs_per_actor=2), good]), cache=False,
+                   clock=ex.clock).tune(ex, 8)
+    assert [t.status for t in result.trials] == ["ok", "invalid", "ok"]
+    assert result.choice == good
+
+
+def test_progress_events_and_status_are_plain_json():
+    events, live = [], []
+
+    def on_event(e):
+        events.append(e)
+        if e.kind == "sample":  # the status shows the trial being measured, as it grows
+            live.append(e.status["current_config"] == e.trial.config.to_dict()
+                        and e.status["current_samples"] == e.trial.n >= 1)
+
+    ex = FakeExecutor(4, lambda c: 1000.0 + 100 * c.num_actors, noise=0.01)
+    space = build_space(4, cores=2, devices=["cpu"])
+    tuner = Tuner(ModelStrategy(profile=WRONG_CHEAP), space=space, cache=False, clock=ex.clock,
+                  callback=on_event)
+    result = tuner.tune(ex, 8)
+    phases = [e.message for e in events if e.kind == "phase"]
+    assert phases[:3] == ["baseline", "profiling", "search"] and "final" in phases
+    assert events[-1].kind == "done" and events[-2].kind == "choice"
+    starts = sum(e.kind == "trial_start" for e in events)
+    ends = [e for e in events if e.kind == "trial_end"]
+    assert starts == len(ends) == len(result.trials)
+    assert sum(e.kind == "sample" for e in events) == sum(t.n for t in result.trials + result.final)
+    for e in events:
+        json.dumps(e.status)
+    assert live and all(live)
+    st = tuner.status()
+    assert st["phase"] == "done" and st["trials"] == len(result.trials)
+    assert st["best_config"] == result.choice.to_dict()
+    assert st["space"]["configs"] == len(space)
+    assert result.table().splitlines()[0].split()[:2] == ["steps/s", "+-"]
+
+
+# ---------------------------------------------------------------------------- real executor
+def test_tuner_on_the_real_serial_backend(tmp_path):
+    """Profiles the real env and policy, measures, leaves the executor on the choice."""
+    with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4, backend="serial") as ex:
+        tuner = Tuner("model", budget_trials=4, max_samples=4, final_rounds=(2, 2), cache=tmp_path)
+        result = tuner.tune(ex, 8)
+        assert ex.config == result.choice
+        assert result.choice in tuner.space or result.choice == Config.serial(4)
+        assert len(result.trials) <= 4
+        assert all(t.ok and len(t.warmup) == 1 for t in result.trials)
+        prof = result.strategy["profile"]
+        assert prof["env_step_seconds"] > 0 and prof["backend"] == "serial"
+        assert math.isfinite(result.throughput) and result.throughput > 0
+        ex.collect(8)  # still usable
+    saved = list(tmp_path.glob("*.json"))
+    assert len(saved) == 1
+    assert json.loads(saved[0].read_text())["choice"]["config"] == result.choice.to_dict()
+
+
+def test_a_tuner_runs_once():
+    ex = FakeExecutor(4, lambda c: 1000.0)
+    tuner = Tuner("grid", budget_trials=2, cache=False, clock=ex.clock)
+    tuner.tune(ex, 8)
+    with pytest.raises(auturi.AuturiError, match="make a new one"):
+        tuner.tune(ex, 8)
+
+
+def test_model_weighs_gpu_against_cpu_inference(monkeypatch):
+    """With a GPU in the space, the model times both devices and finds the best of either."""
+    from auturi.tuner import space as space_mod
+
+    monkeypatch.setattr(space_mod, "_cuda_device_count", lambda: 1)
+    true = Profile(env_step_seconds=50e-6, env_step_std=10e-6, env_cpu_fraction=1.0, ipc_seconds=80e-6, cores=CORES,
+                   policy_seconds={"cpu": {1: 100e-6, 32: 100e-6 + 31 * 60e-6}, "cuda": {1: 400e-6, 32: 420e-6}})
+
+    def truth(c):  # replicas sharing one GPU slow each other down, which the model does not know
+        shared = c.policy_device == "cuda" and c.num_actors * c.policies_per_actor > 2
+        return predict(c, true) * (0.85 if shared else 1.0)
+
+    guess = Profile(env_step_seconds=40e-6, env_cpu_fraction=1.0, cores=CORES,
+                    policy_seconds={"cpu": {1: 80e-6, 32: 80e-6 + 31 * 50e-6}, "cuda": {1: 300e-6, 32: 350e-6}})
+    space = build_space(32, cores=CORES, devices=["cpu", "cuda"])
+    assert {c.policy_device for c in space} == {"cpu", "cuda"}
+    ex = FakeExecutor(32, truth, noise=0.03, seed=0)
+    result = Tuner(ModelStrategy(profile=guess), cache=False, clock=ex.clock, space=space).tune(ex, 32)
+    assert truth(result.choice) >= 0.95 * best_true(space, truth)
+    assert {t.config.policy_device for t in result.trials} == {"cpu", "cuda"}  # both were tried
+    assert len(result.trials) <= 0.1 * len(space)
