@@ -68,3 +68,15 @@ class WorkerOnlyFaultyEnv(FaultyEnv):
         super().__init__(**kw)
         if os.getpid() == main_pid:
             self.fail_step = self.fail_reset = None
+
+
+class TorchProbeEnv(CountingEnv):
+    """Reports in its info whether torch is loaded in the process stepping it."""
+
+    def step(self, action):
+        import sys
+
+        obs, r, te, tr, info = super().step(action)
+        info["torch_loaded"] = "torch" in sys.modules
+        info["pid"] = os.getpid()
+        return obs, r, te, tr, info

@@ -165,3 +165,19 @@ def test_script_without_main_guard_fails_cleanly(tmp_path):
     assert "__main__" in out.stderr
     pid = int(out.stdout.split()[0])
     assert our_segments(pid) == set()
+
+
+def test_env_workers_do_not_import_torch():
+    """Env workers stay torch-free even when the policy is a torch network."""
+    pytest.importorskip("torch")
+    from auturi import TorchPolicy
+    from auturi.nets import MLPActorCritic
+    from tests.helpers import TorchProbeEnv
+
+    policy = TorchPolicy(functools.partial(MLPActorCritic, 4, 3), TorchProbeEnv().action_space)
+    cfg = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=4, policies_per_actor=2, policy_batch_size=2)
+    with make_executor(TorchProbeEnv, policy, num_envs=4, config=cfg, backend="shm") as ex:
+        r = ex.collect(30)
+    worker_infos = [i for i in r.final_infos.values() if i["pid"] != os.getpid()]
+    assert worker_infos, "no episode ended in an env worker"
+    assert not any(i["torch_loaded"] for i in worker_infos)

@@ -85,7 +85,7 @@ class ShmExecutor(Executor):
         self._main_waiter: Waiter | None = None
         self._generation = -1
         self._timing = np.zeros(3)
-        self._payload = b""
+        self._payloads: tuple[bytes, bytes] = (b"", b"")
         super().__init__(*args, **kwargs)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
@@ -94,8 +94,10 @@ class ShmExecutor(Executor):
     def _apply_config(self, config: Config) -> None:
         self._close_workers()
         self._generation += 1
-        if not self._payload:
-            self._payload = cloudpickle.dumps((self.env_fns, self.policy))
+        if not self._payloads[0]:
+            # Pickled apart: an env worker must not unpickle the policy (that would import
+            # torch there), and a replica need not build env factories.
+            self._payloads = (cloudpickle.dumps(self.env_fns), cloudpickle.dumps(self.policy))
         ctx = self._ctx
         slots: list[_Slot] = []
         actor_slots: list[int] = []
@@ -143,7 +145,7 @@ class ShmExecutor(Executor):
                 s.conn, child_conn = ctx.Pipe(duplex=False)
             s.proc = ctx.Process(
                 target=worker_main, name=f"auturi: {s.name}", daemon=True,
-                args=(kind, slot, self._ctrl.handle, s.start_sem, done_sem, main_sem, self._payload,  # type: ignore[union-attr]
+                args=(kind, slot, self._ctrl.handle, s.start_sem, done_sem, main_sem, self._payloads,  # type: ignore[union-attr]
                       self.spec, self.num_envs, info, child_conn))
             s.proc.start()
             if child_conn is not None:
@@ -167,8 +169,8 @@ class ShmExecutor(Executor):
         self._main_waiter = Waiter(main_sem, self._ctrl, self._check_children, config)
         self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
         if config.num_actors == 1:
-            self._host = ActorHost(0, config, self.env_fns, self.policy, self.seed, self._generation, self._ctrl,
-                                   lanes[0], done_sems[0], self._check_children)
+            self._host = ActorHost(0, config, lambda: self.env_fns, lambda: self.policy, self.seed, self._generation,
+                                   self._ctrl, lanes[0], done_sems[0], self._check_children)
             if self._host.local_policy is not None:
                 self.policy.to(config.policy_device)
                 self._host.local_policy.weights_version = self._weights_version

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 import numpy as np
@@ -67,10 +67,12 @@ class ActorHost:
     """One actor: its lanes (local or remote) and its :class:`ActorLoop`.
 
     ``lanes`` describes the remote lanes: ``{"env": [(slot, start_sem, name)], "policy": [...]}``;
-    an empty list means that side runs here.
+    an empty list means that side runs here. ``env_fns`` and ``policy`` are zero-argument
+    loaders, called only for the side that runs here.
     """
 
-    def __init__(self, actor: int, config: Config, env_fns: list, policy: Any, seed: int, generation: int,
+    def __init__(self, actor: int, config: Config, env_fns: Callable[[], list], policy: Callable[[], Any],
+                 seed: int, generation: int,
                  ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any):
         self.actor, self.config, self.ctrl = actor, config, ctrl
         ids = config.actor_env_ids(actor)
@@ -82,12 +84,12 @@ class ActorHost:
             # The actor steps the first share of its envs itself, between handing out the
             # other shares and waiting for them: one process fewer, and the actor's core
             # works instead of idling (an idle vCPU was measured to take ~0.3 ms to wake).
-            self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns, seed, generation)
+            self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns(), seed, generation)
             env_lanes.insert(0, LocalEnvLane(self.local_envs, f"envs of actor {actor}"))
         if lanes["policy"]:
             pol_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["policy"]]
         else:
-            self.local_policy = PolicyRunner(policy)
+            self.local_policy = PolicyRunner(policy())
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
         self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter)
@@ -127,7 +129,7 @@ def _set_torch_threads(threads: int) -> None:
 
 
 def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_sem: Any, ready_sem: Any,
-                payload: bytes, spec: WorkloadSpec, num_envs: int, info: dict, conn: Any) -> None:
+                payloads: tuple[bytes, bytes], spec: WorkloadSpec, num_envs: int, info: dict, conn: Any) -> None:
     """Entry point of every worker process. ``kind`` is ``env``, ``policy`` or ``actor``."""
     # Ctrl-C reaches the whole process group; the caller handles it and ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -146,18 +148,24 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     data = DataBinding(ctrl, spec, num_envs)
     obj: Any = None
     try:
-        env_fns, policy = cloudpickle.loads(payload)
+        # Each process unpickles only what it runs: the policy would import torch.
+        def env_fns() -> list:
+            return cloudpickle.loads(payloads[0])
+
+        def policy() -> Any:
+            p = cloudpickle.loads(payloads[1])
+            p.to(info["config"].policy_device if kind == "actor" else info["device"])
+            return p
+
         if kind == "env":
-            obj = make_env_runner(info["env_ids"], env_fns, info["seed"], info["generation"])
+            obj = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"])
         elif kind == "policy":
-            policy.to(info["device"])
-            obj = PolicyRunner(policy)
+            obj = PolicyRunner(policy())
             _set_torch_threads(info["threads"])
         else:
             obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
                             ctrl, info["lanes"], done_sem, check_parent)
             if obj.local_policy is not None:
-                policy.to(info["config"].policy_device)
                 _set_torch_threads(info["threads"])
             done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
         ctrl["status"][slot] = OK
