@@ -19,6 +19,7 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
+import sys
 import weakref
 from typing import Any
 
@@ -86,6 +87,12 @@ class ShmExecutor(Executor):
         self._generation = -1
         self._timing = np.zeros(3)
         self._payloads: tuple[bytes, bytes] = (b"", b"")
+        self._torch_process: type | None = None
+        if self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules:
+            from auturi.executor.shm.forkservers import TorchProcess, start_torch_server
+
+            self._torch_process = TorchProcess
+            start_torch_server()  # it imports torch in the background while we probe and build
         super().__init__(*args, **kwargs)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
@@ -143,7 +150,9 @@ class ShmExecutor(Executor):
             child_conn = None
             if kind == "env" or (kind == "actor" and (config.env_parallel_degree == 1 or _first_env_worker())):
                 s.conn, child_conn = ctx.Pipe(duplex=False)
-            s.proc = ctx.Process(
+            runs_policy = kind == "policy" or (kind == "actor" and config.policies_per_actor == 1)
+            proc_cls = self._torch_process if runs_policy and self._torch_process is not None else ctx.Process
+            s.proc = proc_cls(
                 target=worker_main, name=f"auturi: {s.name}", daemon=True,
                 args=(kind, slot, self._ctrl.handle, s.start_sem, done_sem, main_sem, self._payloads,  # type: ignore[union-attr]
                       self.spec, self.num_envs, info, child_conn))

@@ -1,0 +1,76 @@
+"""A second forkserver, with torch preloaded, for the processes that run a policy.
+
+Env workers must not import torch, so the standard forkserver preloads only numpy,
+gymnasium and our worker module. A policy replica started from it would import torch itself:
+1 to 4 s per replica per reconfigure on our 2-core machines, which dwarfed the tuner's
+measurements. This server imports torch once (never initialising CUDA or thread pools), and
+forks every policy process from it in milliseconds.
+
+multiprocessing has one forkserver per process, reached through the module-level function
+``forkserver.connect_to_new_process``. We reuse the stdlib's own ``ForkServer`` class and
+``Popen._launch`` unchanged, only pointing the latter's ``forkserver`` global at our
+instance, so nothing of the stdlib is copied here.
+"""
+from __future__ import annotations
+
+import multiprocessing.forkserver as _fs
+import multiprocessing.popen_forkserver as _pf
+import threading
+import types
+from multiprocessing.context import ForkServerProcess
+from typing import Any
+
+_PRELOAD_TORCH = ["auturi.executor.shm.preload", "torch"]
+_lock = threading.Lock()
+_server: _fs.ForkServer | None = None
+
+
+class _ServerModule:
+    """Looks like the ``multiprocessing.forkserver`` module, but talks to our server."""
+
+    def __init__(self, server: _fs.ForkServer):
+        self._server = server
+
+    def connect_to_new_process(self, fds: Any) -> Any:
+        return self._server.connect_to_new_process(fds)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_fs, name)
+
+
+def _torch_server() -> _fs.ForkServer:
+    global _server
+    with _lock:
+        if _server is None:
+            _server = _fs.ForkServer()
+            _server.set_forkserver_preload(_PRELOAD_TORCH)
+        return _server
+
+
+def start_torch_server() -> None:
+    """Start the server now; it imports torch while the caller goes on."""
+    _torch_server().ensure_running()
+
+
+class _TorchPopen(_pf.Popen):
+    pass
+
+
+def _install_launch() -> None:
+    launch = _pf.Popen._launch
+    glb = dict(launch.__globals__)
+    glb["forkserver"] = _ServerModule(_torch_server())
+    _TorchPopen._launch = types.FunctionType(launch.__code__, glb, launch.__name__,  # type: ignore[method-assign]
+                                             launch.__defaults__, launch.__closure__)
+
+
+class TorchProcess(ForkServerProcess):
+    """A forkserver process started from the torch forkserver (module-level: the process
+    object is pickled to the server)."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        if not hasattr(_TorchPopen, "_auturi_ready"):
+            _install_launch()
+            _TorchPopen._auturi_ready = True  # type: ignore[attr-defined]
+        return _TorchPopen(process_obj)
