@@ -29,6 +29,18 @@ class Lane(Protocol):
     def submit(self, ts: np.ndarray, ids: np.ndarray) -> None: ...
 
 
+def _slice_stepper(runner) -> Callable[[int, int, int], None]:
+    """``runner.step_slice``, or the same through ``runner.step`` for runners without it."""
+    fast = getattr(runner, "step_slice", None)
+    if fast is not None:
+        return fast
+
+    def step(t: int, lo: int, hi: int) -> None:
+        runner.step(np.full(hi - lo, t, dtype=np.int64), np.arange(lo, hi, dtype=np.int64))
+
+    return step
+
+
 class _Queue:
     """A FIFO of env indices kept as a list of arrays."""
 
@@ -75,12 +87,12 @@ class ActorLoop:
                 and batch_size >= len(env_ids)):
             # The serial point (DummyVecEnv): no scheduling at all, one contiguous slice per row.
             lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
-            ids_list = self.env_ids.tolist()
+            act, step = pol0.runner.act_slice, _slice_stepper(env0.runner)  # type: ignore[attr-defined]
 
             def plain(num_steps: int) -> None:
                 for t in range(num_steps):
-                    pol0.runner.act_slice(t, lo, hi)  # type: ignore[attr-defined]
-                    env0.runner.step([t] * len(ids_list), ids_list)  # type: ignore[attr-defined]
+                    act(t, lo, hi)
+                    step(t, lo, hi)
 
             self._plain_loop = plain
         elif len(policy_lanes) == 1 and not pol0.remote and batch_size >= len(env_ids):
@@ -89,15 +101,19 @@ class ActorLoop:
             # env lane its fixed envs, wait for all. No per-env bookkeeping at all.
             lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
             per = self.per_lane
-            lane_ids = [self.env_ids[d * per:(d + 1) * per] for d in range(len(env_lanes))]
-            remote = sum(1 for lane in env_lanes if lane.remote)
+            act = pol0.runner.act_slice  # type: ignore[attr-defined]
+            remotes = [lane for lane in env_lanes if lane.remote]
+            locals_ = [(_slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
+                       for d, lane in enumerate(env_lanes) if not lane.remote]
+            remote = len(remotes)
 
             def lockstep(num_steps: int) -> None:
                 for t in range(num_steps):
-                    pol0.runner.act_slice(t, lo, hi)  # type: ignore[attr-defined]
-                    row = np.full(per, t, dtype=np.int64)
-                    for d, lane in self._dispatch_order:
-                        lane.submit(row, lane_ids[d])
+                    act(t, lo, hi)
+                    for lane in remotes:  # first: they work while this process steps its share
+                        lane.step_row(t)  # type: ignore[attr-defined]
+                    for step, a, b in locals_:
+                        step(t, a, b)
                     left = remote
                     while left:
                         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ from auturi.errors import WorkerError
 from auturi.executor.buffers import ArrayBlock
 
 # commands
-TASK, RESET, FLUSH, EXIT = 1, 2, 3, 4
+TASK, RESET, FLUSH, EXIT, STEP_ROW = 1, 2, 3, 4, 5
 # status
 OK, ERROR = 0, 1
 ERR_BYTES = 16384
@@ -104,6 +104,10 @@ class RemoteLane:
             if self.waiter is not None:
                 self.waiter.expect(self)
         self.start_sem.release()
+
+    def step_row(self, t: int) -> None:
+        """Step every env of this env worker at row ``t`` (lockstep: no task list)."""
+        self.command(STEP_ROW, t)
 
     def submit(self, ts: np.ndarray, ids: np.ndarray) -> None:
         c, s = self.ctrl, self.slot

@@ -13,12 +13,12 @@ import cloudpickle
 import numpy as np
 
 from auturi.config import Config
-from auturi.executor.actor_loop import ActorLoop
+from auturi.executor.actor_loop import ActorLoop, _slice_stepper
 from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
 from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, RemoteLane, Waiter, parent_watch,
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, Waiter, parent_watch,
                                          read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
@@ -187,6 +187,9 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
            conn: Any, check_parent: Any) -> None:
     cmd_arr, seq, status, ntask, tasks, timing = (ctrl["cmd"], ctrl["seq"], ctrl["status"], ctrl["ntask"],
                                                   ctrl["tasks"], ctrl["timing"])
+    if kind == "env":
+        lo, hi = obj.env_ids[0], obj.env_ids[-1] + 1
+        step_row = _slice_stepper(obj)
     spin = float(os.environ.get("AUTURI_SPIN_US", "0")) * 1e-6
     clock = time.perf_counter
     while True:
@@ -211,6 +214,8 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
                 data.sync(obj)
                 if cmd == RESET:
                     obj.reset_all()
+                elif cmd == STEP_ROW:
+                    step_row(int(ctrl["arg"][slot]), lo, hi)
                 else:
                     n = int(ntask[slot])
                     obj.step(tasks[slot, :n, 0], tasks[slot, :n, 1])
