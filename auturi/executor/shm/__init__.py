@@ -167,19 +167,21 @@ class ShmExecutor(Executor):
             k = config.envs_per_worker
             for w, (slot, _, _) in enumerate(la["env"], start=_first_env_worker()):
                 lo = config.actor_env_ids(a)[0] + w * k
-                cpu = cores[(a * config.env_parallel_degree + w) % len(cores)] if os.environ.get("AUTURI_PIN", "1") == "1" else None
-                start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k)), "cpus": {cpu} if cpu is not None else None})
+                cpu = cores[(a + w) % len(cores)]  # the actor has cores[a]; its workers follow
+                start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k)), "cpus": {cpu}})
             for slot, _, _ in la["policy"]:
                 start(slot, "policy", done_sems[a], common)
             if config.num_actors > 1:
                 start(actor_slots[a], "actor", done_sems[a],
-                      {**common, "actor": a, "config": config, "lanes": la, "report_sem": main_sem})
+                      {**common, "cpus": {cores[a % len(cores)]}, "actor": a, "config": config, "lanes": la, "report_sem": main_sem})
         # Wait for every worker to report that it built its envs / policy.
         self._main_waiter = Waiter(main_sem, self._ctrl, self._check_children, config)
         self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
         if config.num_actors == 1:
             self._host = ActorHost(0, config, lambda: self.env_fns, lambda: self.policy, self.seed, self._generation,
                                    self._ctrl, lanes[0], done_sems[0], self._check_children)
+            if config.env_parallel_degree > 1:
+                self._host.pin_cpu = cores[0]
             if self._host.local_policy is not None:
                 self.policy.to(config.policy_device)
                 self._host.local_policy.weights_version = self._weights_version
