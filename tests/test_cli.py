@@ -1,0 +1,207 @@
+"""``auturi tune`` and ``auturi show`` through the real entry point (``python -m auturi.cli``,
+the module the ``auturi`` console script runs), in subprocesses, on tiny budgets."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from auturi import Config
+
+pytest.importorskip("typer")
+pytest.importorskip("rich")
+
+CONFIG_LINE = re.compile(r"^auturi\.Config\((.*)\)$", re.MULTILINE)
+TINY = ["--backend", "serial", "--budget-trials", "3", "--num-envs", "4", "--num-steps", "16",
+        "--max-trial-seconds", "1"]
+
+
+def cli_env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ, COLUMNS="200", AUTURI_CACHE_DIR=str(tmp / "cache"), PYTHONWARNINGS="ignore")
+    env.pop("AUTURI_STATUS_TOKEN", None)
+    return env
+
+
+def cli(*args: str, tmp: Path, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "auturi.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(tmp), check=False, **kw)
+
+
+def parse_config_line(text: str) -> Config:
+    """The ``auturi.Config(...)`` line, parsed without eval."""
+    m = CONFIG_LINE.search(text)
+    assert m, f"no auturi.Config(...) line in:\n{text}"
+    call = ast.parse(m.group(0), mode="eval").body
+    assert isinstance(call, ast.Call) and not call.args
+    return Config(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    out = tmp / "result.json"
+    t0 = time.perf_counter()
+    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), tmp=tmp)
+    return proc, out, time.perf_counter() - t0, tmp
+
+
+def test_tune_prints_the_table_and_the_choice(tuned):
+    proc, out, seconds, _ = tuned
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    text = proc.stdout
+    assert "steps/s" in text and "source" in text and "config" in text  # the table's header
+    rows = [ln for ln in text.splitlines() if "actors=" in ln and "env_degree=" in ln]
+    assert len(rows) >= 2, text  # at least the baseline and one more measurement
+    assert any(re.search(r"\d[\d,]* .*(start|serial)", r) for r in rows)
+    assert "Choice:" in text and f"Saved: {out}" in text
+    choice = parse_config_line(text)
+    assert choice.num_envs == 4
+    assert "Tuning CartPole-v1 x 4 envs" in proc.stderr
+    assert seconds < 60
+
+
+def test_tune_writes_the_json_record(tuned):
+    proc, out, _, _ = tuned
+    rec = json.loads(out.read_text())
+    assert {"schema", "hardware", "workload", "trials", "final", "choice", "start", "num_steps", "strategy",
+            "budget", "protocol"} <= set(rec)
+    choice = Config.from_dict(rec["choice"]["config"])
+    assert choice == parse_config_line(proc.stdout)
+    assert rec["choice"]["throughput"] > 0 and rec["choice"]["why"]
+    assert rec["workload"]["num_envs"] == 4 and rec["num_steps"] == 16
+    assert rec["workload"]["env"] == "gym:CartPole-v1"
+    assert 1 <= len(rec["trials"]) <= 3  # --budget-trials 3
+    for t in rec["trials"] + rec["final"]:
+        Config.from_dict(t["config"])
+        assert t["status"] != "ok" or len(t["samples"]) == t["n"] >= 1
+    assert rec["strategy"]["name"] == "model"
+
+
+def test_show_prints_the_table_and_the_config_line(tuned):
+    _, out, _, tmp = tuned
+    proc = cli("show", str(out), tmp=tmp)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text())
+    assert parse_config_line(proc.stdout) == Config.from_dict(rec["choice"]["config"])
+    assert "steps/s" in proc.stdout and "Choice:" in proc.stdout and "CartPole-v1" in proc.stdout
+    proc = cli("show", str(out), "--json", tmp=tmp)
+    assert proc.returncode == 0
+    shown = json.loads(proc.stdout)
+    assert Config.from_dict(shown["choice"]) == parse_config_line(shown["config_line"])
+
+
+def test_json_output_module_factory_shm_and_status_port(tmp_path):
+    """``--json`` prints only JSON on stdout; ENV as module:factory from the working directory
+    reaches forkserver workers; ``--status-port 0`` serves the run's status."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    (tmp_path / "my_envs.py").write_text("from auturi.envs import CountingEnv\n\n\n"
+                                         "def make():\n    return CountingEnv(max_len=20)\n")
+    stdout = tmp_path / "stdout.json"
+    with open(stdout, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "auturi.cli", "tune", "my_envs:make", "--policy", "mlp", "--backend", "shm",
+             "--start", "num_actors=2", "--budget-trials", "2", "--num-envs", "4", "--num-steps", "8",
+             "--max-trial-seconds", "1",
+             "--no-cache", "--json", "--status-port", "0", "--status-linger", "30"],
+            stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=cli_env(tmp_path))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        url, deadline = None, time.monotonic() + 60
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            m = next((re.search(r"Status: (http://127\.0\.0\.1:\d+/)", ln) for ln in list(lines)
+                      if "Status:" in ln), None)
+            url = m.group(1) if m else None
+            time.sleep(0.05)
+        assert url, f"no status URL on stderr: {lines}"
+        phases = set()
+        while time.monotonic() < deadline:
+            s = httpx.get(url + "status", timeout=10).json()
+            phases.add(s["phase"])
+            if s["phase"] == "done":
+                break
+            time.sleep(0.1)
+        assert s["phase"] == "done", phases
+        trials = httpx.get(url + "trials", timeout=10).json()
+        assert trials["total"] >= 2 and Config.from_dict(s["best_config"]).num_envs == 4
+        assert "auturi_tuner_trials_total" in httpx.get(url + "metrics", timeout=10).text
+        # the record is on stdout once tuning ended, while the server lingers
+        deadline = time.monotonic() + 30
+        while not stdout.read_text().rstrip().endswith("}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rec = json.loads(stdout.read_text())
+    finally:
+        proc.terminate()  # ends the linger
+        proc.wait(30)
+        reader.join(5)
+    assert Config.from_dict(rec["choice"]["config"]).num_envs == 4
+    assert rec["workload"]["env"] == "my_envs.make" and rec["workload"]["backend"] == "shm"
+    assert rec["status_url"] == url
+    start = Config(num_actors=2, envs_per_actor=2)  # two actor processes: the factory reached workers
+    assert Config.from_dict(rec["start"]) == start
+    assert any(Config.from_dict(t["config"]) == start and t["status"] == "ok" for t in rec["trials"])
+
+
+def _errors_case(tmp: Path) -> list[tuple[list[str], str]]:
+    cases = [
+        (["tune", "Foo-v9"], "unknown gymnasium env id 'Foo-v9'"),
+        (["tune", "Cartpole-v1"], "Similar ids"),
+        (["tune", "no_such_module_xyz:make"], "cannot import module"),
+        (["tune", "CartPole-v1", "--budget-trials", "0"], "--budget-trials must be >= 1"),
+        (["tune", "CartPole-v1", "--budget-seconds", "-5"], "--budget-seconds must be > 0"),
+        (["tune", "CartPole-v1", "--policy", "cnn"], "use --policy mlp"),
+        (["tune", "CartPole-v1", "--start", "num_actors=3"], "num_actors=3 must divide --num-envs 8"),
+        (["tune", "CartPole-v1", "--start", "env_parallel_degree=3"], "env_parallel_degree=3 is invalid"),
+        (["tune", "CartPole-v1", "--status-port", "0", "--status-host", "0.0.0.0"], "--status-token"),
+        (["show", str(tmp / "missing.json")], "no such file"),
+    ]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["tune", "CartPole-v1", "--devices", "cpu,cuda"], "no CUDA device here"))
+    return cases
+
+
+def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path):
+    cases = _errors_case(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-m", "auturi.cli", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path)) for args, _ in cases]
+    for (args, want), p in zip(cases, procs):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 2, (args, p.returncode, err)
+        assert "Traceback" not in err and "Traceback" not in out, (args, err)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("auturi: error: "), (args, err)
+        assert want in lines[0], (args, lines[0])
+        assert out == ""
+
+
+def test_policy_from_a_saved_sb3_model(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+
+    path = tmp_path / "ppo_cartpole.zip"
+    PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(path)
+    ok = subprocess.Popen([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--policy", str(path),
+                           "--backend", "serial", "--budget-trials", "2", "--num-envs", "2", "--num-steps", "8",
+                           "--max-trial-seconds", "1", "--no-cache", "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    wrong = cli("tune", "Acrobot-v1", "--policy", str(path), "--num-envs", "2", tmp=tmp_path)
+    out, err = ok.communicate(timeout=120)
+    assert ok.returncode == 0, err
+    rec = json.loads(out)
+    assert rec["workload"]["policy"]["class"].endswith("SB3PolicyAdapter")
+    assert Config.from_dict(rec["choice"]["config"]).num_envs == 2
+    assert wrong.returncode == 2 and "the model expects observations" in wrong.stderr
+    assert "Traceback" not in wrong.stderr

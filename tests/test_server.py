@@ -1,0 +1,343 @@
+"""The status endpoint: a real uvicorn server on a loopback port, fed by a real (small,
+serial-backend) tuning run; JSON shapes, Prometheus text, the token rule, 4xx JSON errors,
+the OpenAPI schema, a schemathesis run, and the page rendered in headless Chromium.
+
+CI installs Chromium with ``apt-get install -y chromium``; without it the browser test skips.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import auturi
+from auturi import Config
+from auturi.envs import CountingEnv
+from auturi.server import LINE_COLOUR, ServerError, StatusServer, StatusSnapshot
+from auturi.tuner import Tuner
+
+NUM_ENVS = 4
+
+
+def small_tuner(snapshot: StatusSnapshot, **kw) -> Tuner:
+    kw.setdefault("budget_trials", 5)
+    tuner = Tuner("grid", cache=False, callback=snapshot, min_samples=2, max_samples=3, max_trial_seconds=0.5,
+                  final_rounds=(1, 2), **kw)
+    snapshot.attach(tuner)
+    return tuner
+
+
+def run_tuning(snapshot: StatusSnapshot, **kw):
+    with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), NUM_ENVS,
+                              backend="serial") as ex:
+        tuner = small_tuner(snapshot, **kw)
+        result = tuner.tune(ex, num_steps=8)
+        snapshot.update(status=tuner.status(), trials=tuner.trials())
+        return tuner, result
+
+
+@pytest.fixture(scope="module")
+def finished():
+    """A snapshot of a finished tuning run (real trials), shared by the read-only tests."""
+    snap = StatusSnapshot()
+    tuner, result = run_tuning(snap)
+    return snap, tuner, result
+
+
+@pytest.fixture
+def server(finished):
+    srv = StatusServer(finished[0])
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def get(url: str, path: str, **kw) -> httpx.Response:
+    return httpx.get(url + path.lstrip("/"), timeout=10, **kw)
+
+
+# ---------------------------------------------------------------------------- during a run
+def test_endpoints_answer_while_tuning_runs():
+    snap = StatusSnapshot()
+    srv = StatusServer(snap)
+    url = srv.start()
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url) and srv.port
+    seen: list[tuple[str, int, object]] = []
+    stop, polling = threading.Event(), threading.Event()
+
+    def poll():
+        with httpx.Client(base_url=url, timeout=10) as c:
+            while not stop.is_set():
+                for p in ("/status", "/trials", "/metrics", "/healthz"):
+                    r = c.get(p)
+                    seen.append((p, r.status_code, r.json() if p != "/metrics" else r.text))
+                polling.set()
+                time.sleep(0.01)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        assert polling.wait(10)
+        tuner, result = run_tuning(snap)  # the tuning runs in this (the main) thread
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        t.join(10)
+    try:
+        assert len(seen) >= 8 and all(code == 200 for _, code, _ in seen)
+        phases = [body["phase"] for p, _, body in seen if p == "/status"]
+        assert phases[0] == "idle" and len(set(phases)) >= 2, phases  # the status moved while we watched
+        counts = [len(body["trials"]) for p, _, body in seen if p == "/trials"]
+        assert counts == sorted(counts), counts  # trials only ever get added
+        final = get(url, "/status").json()
+        assert final["phase"] == "done"
+        assert Config.from_dict(final["best_config"]) in {t.config for t in result.trials + result.final}
+        assert final["trials_done"] == len(result.trials)
+        trials = get(url, "/trials").json()
+        assert trials["total"] == len(tuner.trials()) == len(result.trials) + len(result.final)
+    finally:
+        srv.stop()
+    assert not srv.running
+
+
+# ---------------------------------------------------------------------------- shapes
+def test_status_shape(server, finished):
+    _, tuner, _ = finished
+    r = get(server.url, "/status")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    s = r.json()
+    for key in ("phase", "mode", "strategy", "current_config", "best_config", "best_throughput", "throughput_now",
+                "trials_done", "trials_ok", "budget", "hardware", "elapsed_seconds"):
+        assert key in s, key
+    assert s["phase"] == "done" and s["mode"] == "offline" and s["strategy"] == "grid"
+    assert s["current_config"] is None
+    assert Config.from_dict(s["best_config"]) == Config.from_dict(tuner.status()["best_config"])
+    assert s["best_throughput"] > 0 and s["throughput_now"] > 0
+    assert set(s["budget"]) == {"trials", "trials_left", "seconds", "seconds_left"}
+    assert s["budget"]["trials"] == 5
+    assert s["hardware"]["cores"] >= 1 and "cpu_model" in s["hardware"]
+    assert s["best_config_label"] == str(Config.from_dict(s["best_config"]))
+
+
+def test_trials_shape_and_filters(server, finished):
+    _, tuner, result = finished
+    body = get(server.url, "/trials").json()
+    assert set(body) == {"total", "offset", "trials"}
+    assert body["total"] == len(body["trials"]) == len(tuner.trials())
+    for i, t in enumerate(body["trials"]):
+        assert t["index"] == i
+        Config.from_dict(t["config"])
+        assert t["label"] == str(Config.from_dict(t["config"]))
+        assert t["status"] in ("ok", "invalid", "failed", "running")
+        if t["status"] == "ok":
+            assert t["n"] == len(t["samples"]) >= 1 and t["mean"] > 0
+    page = get(server.url, "/trials?offset=1&limit=2").json()
+    assert page["offset"] == 1 and [t["index"] for t in page["trials"]] == [1, 2][:max(0, body["total"] - 1)]
+    finals = get(server.url, "/trials", params={"source": "final"}).json()
+    assert finals["total"] == len(result.final) and all(t["source"] == "final" for t in finals["trials"])
+    assert get(server.url, "/trials?status=failed").json()["total"] == 0
+
+
+METRIC_LINE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?P<labels>\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)?\})?'
+    r' (?P<value>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|NaN|[-+]Inf)$')
+
+
+def test_metrics_is_prometheus_text(server, finished):
+    r = get(server.url, "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "version=0.0.4" in r.headers["content-type"]
+    types: dict[str, str] = {}
+    values: dict[str, list[float]] = {}
+    for line in r.text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            assert parts[1] in ("HELP", "TYPE"), line
+            if parts[1] == "TYPE":
+                assert parts[3] in ("gauge", "counter", "untyped", "summary", "histogram"), line
+                types[parts[2]] = parts[3]
+            continue
+        m = METRIC_LINE.match(line)
+        assert m, f"not a Prometheus sample line: {line!r}"
+        assert m["name"] in types, f"{m['name']} has no TYPE line before it"
+        values.setdefault(m["name"], []).append(float(m["value"]))
+    assert values["auturi_up"] == [1]
+    assert values["auturi_tuner_trials_total"] == [len(finished[2].trials)]
+    assert values["auturi_tuner_best_throughput_steps_per_second"][0] > 0
+    assert sum(values["auturi_tuner_phase"]) == 1
+    assert len(values["auturi_trial_throughput_steps_per_second"]) == len(finished[1].trials())
+
+
+def test_healthz(server):
+    r = get(server.url, "/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["phase"] == "done"
+
+
+def test_page_is_self_contained(server):
+    r = get(server.url, "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "<svg" in r.text and LINE_COLOUR in r.text
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", r.text), "the page must load nothing external"
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+
+
+# ---------------------------------------------------------------------------- errors
+def test_unknown_path_and_bad_parameters_are_json_4xx(server):
+    r = get(server.url, "/no/such/path")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/json")
+    assert r.json()["detail"]
+    for path in ("/trials?limit=0", "/trials?offset=-1", "/trials?offset=abc", "/trials?status=bogus",
+                 "/trials?source=nowhere", "/?refresh=0", "/?refresh=nan"):
+        r = get(server.url, path)
+        assert r.status_code == 422, (path, r.status_code, r.text)
+        assert r.headers["content-type"].startswith("application/json") and r.json()["detail"], path
+    r = httpx.post(server.url + "status", timeout=10)
+    assert r.status_code == 405 and r.json()["detail"]
+    r = get(server.url, "/status", headers={"Host": "attacker.example"})  # DNS rebinding guard
+    assert r.status_code == 400 and "loopback" in r.json()["detail"]
+
+
+def test_a_source_that_breaks_gives_no_500():
+    class Broken:
+        def __init__(self):
+            self.hardware = {"cpu_model": "x"}
+
+        def status(self):
+            return {"phase": "search", "best_config": {"num_actors": "many"}, "best_throughput": float("nan"),
+                    "trials": "three", "budget_seconds_left": float("inf"), "odd": object()}
+
+        def trials(self):
+            return [{"config": {"nope": 1}, "samples": [float("inf"), 1.0], "mean": "x"}, 42, None]
+
+    with StatusServer(Broken()) as srv:
+        for p in ("/status", "/trials", "/metrics", "/healthz", "/"):
+            r = get(srv.url, p)
+            assert r.status_code == 200, (p, r.text)
+        s = get(srv.url, "/status").json()
+        assert s["best_config"] is None and s["best_throughput"] is None and s["trials_done"] == 0
+        t = get(srv.url, "/trials").json()["trials"]
+        assert t[0]["config"] is None and t[0]["samples"] == [None, 1.0]
+
+
+# ---------------------------------------------------------------------------- the token rule
+def test_non_loopback_bind_needs_a_token(finished):
+    for host in ("0.0.0.0", "::", ""):
+        with pytest.raises(ServerError, match="token"):
+            StatusServer(finished[0], host=host)
+    with pytest.raises(ServerError, match="in use"), StatusServer(finished[0]) as a:
+        StatusServer(finished[0], port=a.port).start()
+
+
+def test_token_is_required_on_every_path(finished):
+    with StatusServer(finished[0], token="s3cret-token") as srv:
+        for p in ("/status", "/trials", "/metrics", "/healthz", "/", "/openapi.json", "/no/such/path"):
+            r = get(srv.url, p)
+            assert r.status_code == 401, p
+            assert r.headers["content-type"].startswith("application/json") and "token" in r.json()["detail"]
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        assert get(srv.url, "/status", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert get(srv.url, "/status?token=wrong").status_code == 401
+        assert get(srv.url, "/status", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        assert get(srv.url, "/status?token=s3cret-token").status_code == 200
+        schema = get(srv.url, "/openapi.json?token=s3cret-token").json()
+        assert {"bearer", "token"} <= set(schema["components"]["securitySchemes"])
+
+
+def test_all_interfaces_with_a_token(finished):
+    with StatusServer(finished[0], host="0.0.0.0", token="tok") as srv:
+        url = f"http://127.0.0.1:{srv.port}/"
+        assert get(url, "/status").status_code == 401
+        assert get(url, "/status", headers={"Authorization": "Bearer tok"}).json()["phase"] == "done"
+
+
+# ---------------------------------------------------------------------------- schema
+def test_openapi_lists_the_endpoints(server):
+    schema = get(server.url, "/openapi.json").json()
+    assert {"/status", "/trials", "/metrics", "/healthz", "/"} <= set(schema["paths"])
+    for p in schema["paths"].values():
+        assert set(p) == {"get"}
+    comps = schema["components"]["schemas"]
+    assert {"StatusModel", "TrialsModel", "TrialModel", "ConfigModel"} <= set(comps)
+    params = {q["name"] for q in schema["paths"]["/trials"]["get"]["parameters"]}
+    assert params == {"offset", "limit", "status", "source"}
+
+
+def test_schemathesis_finds_no_server_error(server):
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis import GenerationMode
+    from schemathesis.checks import not_a_server_error
+
+    schema = schemathesis.openapi.from_url(server.url + "openapi.json")
+    ops = [r.ok() for r in schema.get_all_operations()]
+    assert len(ops) >= 5
+    calls = []
+    base = server.url.rstrip("/")
+
+    def make_check(op, mode):
+        @settings(max_examples=20, deadline=None, database=None, derandomize=True,
+                  phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+        @given(case=op.as_strategy(generation_mode=mode))
+        def check(case):
+            if mode == GenerationMode.POSITIVE:  # valid input: every check of the schema must hold
+                r = case.call_and_validate(base_url=base)
+            else:  # invalid input: any 4xx is right, a 5xx never
+                r = case.call_and_validate(base_url=base, checks=[not_a_server_error])
+            calls.append((mode, r.status_code))
+
+        return check
+
+    for op in ops:
+        make_check(op, GenerationMode.POSITIVE)()
+        if op.query:  # only operations with parameters have invalid input to generate
+            make_check(op, GenerationMode.NEGATIVE)()
+    assert {m for m, _ in calls} == {GenerationMode.POSITIVE, GenerationMode.NEGATIVE}
+    assert any(400 <= c < 500 for m, c in calls if m == GenerationMode.NEGATIVE)
+    assert max(c for _, c in calls) < 500
+
+
+# ---------------------------------------------------------------------------- the page in a browser
+@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
+                    reason="needs Chromium: apt-get install -y chromium")
+def test_page_renders_the_plot_in_chromium(server, tmp_path):
+    np = pytest.importorskip("numpy")
+    Image = pytest.importorskip("PIL.Image")
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    png = tmp_path / "page.png"
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+           "--window-size=900,600", server.url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
+    assert png.exists(), f"no screenshot (rc={proc.returncode}): {proc.stderr[-2000:]}"
+    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    assert img.shape[:2] == (600, 900)
+    want = np.array([int(LINE_COLOUR[i:i + 2], 16) for i in (1, 3, 5)])
+    near = np.abs(img - want).sum(axis=2) < 40
+    assert near.sum() > 800, f"only {near.sum()} pixels in the line colour: the plot was not drawn"
+    _, cols = np.nonzero(near)
+    assert cols.max() - cols.min() > 300, "the line should span the plot"
+
+
+def test_status_snapshot_feeds_from_events():
+    from auturi.tuner import TunerEvent
+
+    snap = StatusSnapshot()
+    assert snap.status()["phase"] == "idle" and list(snap.trials()) == []
+    snap(TunerEvent(kind="sample", status={"phase": "search", "trials": 1}, value=1234.0))
+    s = snap.status()
+    assert s["phase"] == "search" and s["throughput_now"] == 1234.0
+    json.dumps(s)
