@@ -190,3 +190,11 @@ class FaultyEnv(CountingEnv):
         if self.fail_step is not None and self._steps >= self.fail_step:
             raise RuntimeError(f"FaultyEnv: step {self._steps} fails on purpose")
         return super().step(action)
+
+
+# The test envs under gymnasium ids, so that id-based tools (make_vec_env, `auturi tune`,
+# the SB3 wrapper's env rebuilding) can use them like any registered env.
+for _name, _cls in (("Counting", "CountingEnv"), ("Slow", "SlowEnv"), ("HeavyTail", "HeavyTailEnv"),
+                    ("LargeObs", "LargeObsEnv")):
+    if f"auturi/{_name}-v0" not in gym.registry:
+        gym.register(f"auturi/{_name}-v0", entry_point=f"auturi.envs:{_cls}")
