@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from typing import Any, Callable
 
 import cloudpickle
@@ -212,15 +211,8 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
     if kind == "env":
         lo, hi = obj.env_ids[0], obj.env_ids[-1] + 1
         step_row = _slice_stepper(obj)
-    spin = float(os.environ.get("AUTURI_SPIN_US", "0")) * 1e-6
-    clock = time.perf_counter
     while True:
-        woke = False
-        if spin:
-            deadline = clock() + spin
-            while not woke and clock() < deadline:
-                woke = start_sem.acquire(False)
-        if not woke and not start_sem.acquire(timeout=1.0):
+        if not start_sem.acquire(timeout=1.0):
             check_parent()
             continue
         cmd = int(cmd_arr[slot])
