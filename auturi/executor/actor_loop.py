@@ -29,7 +29,7 @@ class Lane(Protocol):
     def submit(self, ts: np.ndarray, ids: np.ndarray) -> None: ...
 
 
-def _slice_stepper(runner) -> Callable[[int, int, int], None]:
+def slice_stepper(runner) -> Callable[[int, int, int], None]:
     """``runner.step_slice``, or the same through ``runner.step`` for runners without it."""
     fast = getattr(runner, "step_slice", None)
     if fast is not None:
@@ -79,31 +79,20 @@ class ActorLoop:
         self.wait_seconds = 0.0
         self._index = {id(lane): ("env", k) for k, lane in enumerate(env_lanes)}
         self._index.update({id(lane): ("pol", k) for k, lane in enumerate(policy_lanes)})
-        self._plain_loop = None
+        self._lockstep = None
         # Remote lanes first: they work in parallel while a local lane steps synchronously.
         self._dispatch_order = sorted(enumerate(env_lanes), key=lambda dl: not dl[1].remote)
-        env0, pol0 = env_lanes[0], policy_lanes[0]
-        if (len(env_lanes) == 1 and len(policy_lanes) == 1 and not env0.remote and not pol0.remote
-                and batch_size >= len(env_ids)):
-            # The serial point (DummyVecEnv): no scheduling at all, one contiguous slice per row.
-            lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
-            act, step = pol0.runner.act_slice, _slice_stepper(env0.runner)  # type: ignore[attr-defined]
-
-            def plain(num_steps: int) -> None:
-                for t in range(num_steps):
-                    act(t, lo, hi)
-                    step(t, lo, hi)
-
-            self._plain_loop = plain
-        elif len(policy_lanes) == 1 and not pol0.remote and batch_size >= len(env_ids):
-            # Lockstep (SubprocVecEnv-like points): one replica acting for all envs at once,
-            # so every env is always at the same row: act on a contiguous slice, hand each
-            # env lane its fixed envs, wait for all. No per-env bookkeeping at all.
+        pol0 = policy_lanes[0]
+        if len(policy_lanes) == 1 and not pol0.remote and batch_size >= len(env_ids):
+            # Lockstep: one in-process replica acting for all envs at once, so every env is
+            # always at the same row: act on a contiguous slice, hand each env lane its fixed
+            # envs, wait for the remote ones. No per-env bookkeeping at all. With one local
+            # env lane this is the serial point (DummyVecEnv), with no IPC.
             lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
             per = self.per_lane
             act = pol0.runner.act_slice  # type: ignore[attr-defined]
             remotes = [lane for lane in env_lanes if lane.remote]
-            locals_ = [(_slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
+            locals_ = [(slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
                        for d, lane in enumerate(env_lanes) if not lane.remote]
             remote = len(remotes)
 
@@ -120,11 +109,11 @@ class ActorLoop:
                         left -= len(self.wait())
                         self.wait_seconds += time.perf_counter() - t0
 
-            self._plain_loop = lockstep
+            self._lockstep = lockstep
 
     def run(self, num_steps: int) -> None:
-        if self._plain_loop is not None:
-            return self._plain_loop(num_steps)
+        if self._lockstep is not None:
+            return self._lockstep(num_steps)
         n, B, D = len(self.env_ids), self.batch_size, len(self.env_lanes)
         ids, per_lane = self.env_ids, self.per_lane
         t = np.zeros(n, dtype=np.int64)

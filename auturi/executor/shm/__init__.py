@@ -4,8 +4,7 @@ all bulk data in shared memory, all waits blocking on semaphores.
 Process layout for a config (the caller's process is "main"):
 - ``num_actors == 1``: the actor runs in main; ``num_actors > 1``: one process per actor.
 - ``env_parallel_degree = d``: the envs are split in ``d`` equal shares; the actor's process
-  steps the first share itself and ``d - 1`` env worker processes step the others
-  (``AUTURI_LOCAL_SHARE=0``, for benchmarks, gives all ``d`` shares to workers instead).
+  steps the first share itself and ``d - 1`` env worker processes step the others.
 - ``policies_per_actor > 1``: that many replica processes per actor; 1: inference runs in
   the actor's process.
 Main creates every process and every shared block, so it alone ends and unlinks them.
@@ -47,11 +46,6 @@ def get_context(start_method: str | None = None) -> mp.context.BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     return ctx
-
-
-def _first_env_worker() -> int:
-    """1 when the actor steps the first share of its envs itself (see ActorHost)."""
-    return 1 if os.environ.get("AUTURI_LOCAL_SHARE", "1") == "1" else 0
 
 
 def _usable_cores_set() -> set[int]:
@@ -118,7 +112,7 @@ class ShmExecutor(Executor):
             la: dict[str, list] = {"env": [], "policy": []}
             if config.env_parallel_degree > 1:
                 k = config.envs_per_worker
-                for w in range(_first_env_worker(), config.env_parallel_degree):
+                for w in range(1, config.env_parallel_degree):  # share 0 is the actor's
                     lo = config.actor_env_ids(a)[0] + w * k
                     s = _Slot("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", ctx.Semaphore(0))
                     la["env"].append((len(slots), s.start_sem, s.name))
@@ -148,7 +142,7 @@ class ShmExecutor(Executor):
         def start(slot: int, kind: str, done_sem: Any, info: dict) -> None:
             s = slots[slot]
             child_conn = None
-            if kind == "env" or (kind == "actor" and (config.env_parallel_degree == 1 or _first_env_worker())):
+            if kind in ("env", "actor"):  # env hosts: an actor always steps its first share
                 s.conn, child_conn = ctx.Pipe(duplex=False)
             runs_policy = kind == "policy" or (kind == "actor" and config.policies_per_actor == 1)
             proc_cls = self._torch_process if runs_policy and self._torch_process is not None else ctx.Process
@@ -165,7 +159,7 @@ class ShmExecutor(Executor):
         cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
-            for w, (slot, _, _) in enumerate(la["env"], start=_first_env_worker()):
+            for w, (slot, _, _) in enumerate(la["env"], start=1):
                 lo = config.actor_env_ids(a)[0] + w * k
                 cpu = cores[(a + w) % len(cores)]  # the actor has cores[a]; its workers follow
                 start(slot, "env", done_sems[a], {**common, "env_ids": list(range(lo, lo + k)), "cpus": {cpu}})
@@ -195,8 +189,7 @@ class ShmExecutor(Executor):
         """Torch threads of each CPU replica: the cores env workers leave free, shared out."""
         if config.policy_device != "cpu":
             return 1
-        env_procs = config.num_actors * (config.env_parallel_degree - _first_env_worker()
-                                         if config.env_parallel_degree > 1 else 0)
+        env_procs = config.num_actors * (config.env_parallel_degree - 1)
         replicas = config.num_actors * config.policies_per_actor
         return max(1, (_usable_cores() - env_procs) // replicas)
 
@@ -230,7 +223,7 @@ class ShmExecutor(Executor):
 
     def _gather_finals(self) -> dict:
         finals: dict = {}
-        if self._host is not None and self._host.local_envs is not None:
+        if self._host is not None:
             finals.update(self._host.local_envs.take_finals())
         assert self._ctrl is not None
         for i, s in enumerate(self._slots):
