@@ -33,16 +33,23 @@ class Executor(abc.ABC):
     """Runs collection under a :class:`Config`; the data never depends on the config.
 
     Subclasses provide ``_apply_config``, ``_run_actors`` and ``_close_workers``.
+
+    ``env_id_offset`` is the global index of this executor's first env: seeds and noise
+    streams are keyed by global indices (and ``final_observations``/``final_infos`` are
+    reported under them), so a slice of a larger collection (envs ``offset ..
+    offset + num_envs - 1``, as one Ray actor runs) gives exactly the data it would give
+    inside the whole. Columns of the arrays stay local (0 .. num_envs - 1).
     """
 
     backend = "base"
 
     def __init__(self, env: EnvLike, policy: Policy, num_envs: int | None = None,
-                 config: Config | None = None, seed: int = 0):
+                 config: Config | None = None, seed: int = 0, env_id_offset: int = 0):
         self.env_fns = resolve_env_fns(env, num_envs)
         self.num_envs = len(self.env_fns)
         self.policy = policy
         self.seed = int(seed)
+        self.env_id_offset = int(env_id_offset)
         self._closed = False
         self._config: Config | None = None
         self._block: ArrayBlock | None = None
@@ -187,13 +194,16 @@ class Executor(abc.ABC):
         if k:
             noise = self._block["noise"]
             for i in range(self.num_envs):
-                rng = np.random.default_rng([self.seed, i, self._steps_done])
+                rng = np.random.default_rng([self.seed, self.env_id_offset + i, self._steps_done])
                 noise[:, i, :] = rng.random((num_steps, k), dtype=np.float32)
 
     def _build_rollout(self, finals: dict[tuple[int, int], tuple[np.ndarray, dict]]) -> Rollout:
         b = self._block
         assert b is not None
         T = self._num_steps
+        off = self.env_id_offset
+        if off:  # report ended episodes under their global env index
+            finals = {(t, i + off): v for (t, i), v in finals.items()}
         return Rollout(
             observations=b["obs"][:T].copy(),
             actions=b["actions"].copy(),

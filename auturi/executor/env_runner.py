@@ -14,17 +14,18 @@ from auturi.envs import env_seed
 
 class EnvRunner:
     """Owns envs ``env_ids`` (global indices), made from ``env_fns[i]`` and seeded
-    ``env_seed(seed, i, generation)`` at their first reset.
+    ``env_seed(seed, id_offset + i, generation)`` at their first reset (``id_offset``: see
+    ``Executor.env_id_offset``; 0 unless the executor runs a slice of a larger collection).
 
     ``finals`` collects, per ended episode at ``(t, i)``, the real last observation and the
     info the env returned; the host hands them over at the end of a collect.
     """
 
     def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
-                 generation: int = 0):
+                 generation: int = 0, id_offset: int = 0):
         self.env_ids = list(env_ids)
         self.envs = {i: env_fns[i]() for i in self.env_ids}
-        self.seed, self.generation = seed, generation
+        self.seed, self.generation, self.id_offset = seed, generation, id_offset
         self.fresh = True  # not reset yet: the next collect must reset first
         self.finals: dict[tuple[int, int], tuple[np.ndarray, dict]] = {}
         self.env_seconds = 0.0
@@ -41,7 +42,7 @@ class EnvRunner:
         """First reset of every env: writes row 0 of ``obs`` and sets ``starts[0]``."""
         obs, starts = self.a["obs"], self.a["starts"]
         for i in self.env_ids:
-            o, _ = self.envs[i].reset(seed=env_seed(self.seed, i, self.generation))
+            o, _ = self.envs[i].reset(seed=env_seed(self.seed, self.id_offset + i, self.generation))
             obs[0, i] = o
             starts[0, i] = True
         self.fresh = False
@@ -134,11 +135,14 @@ class EnvRunner:
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
-                    generation: int = 0):
+                    generation: int = 0, id_offset: int = 0):
     """The runner for these envs: EnvPool's own threaded pool for an EnvPool source (the
     thesis' Fig. 5.2 lets an actor's env side be any vectorised env), else an EnvRunner."""
     from auturi.adapters.envpool import EnvPoolRunner, EnvPoolSource
 
     if isinstance(env_fns[env_ids[0]], EnvPoolSource):
+        if id_offset:
+            raise NotImplementedError("an EnvPool source in a slice of a larger collection (env_id_offset > 0, "
+                                      "e.g. a second Ray actor) is not supported yet; use a gymnasium id")
         return EnvPoolRunner(env_ids, env_fns[env_ids[0]], seed, generation)
-    return EnvRunner(env_ids, env_fns, seed, generation)
+    return EnvRunner(env_ids, env_fns, seed, generation, id_offset)

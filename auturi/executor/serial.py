@@ -32,7 +32,7 @@ class SerialExecutor(Executor):
 
     def _apply_config(self, config: Config) -> None:
         if self._envs is None:
-            self._envs = make_env_runner(range(self.num_envs), self.env_fns, self.seed)
+            self._envs = make_env_runner(range(self.num_envs), self.env_fns, self.seed, id_offset=self.env_id_offset)
             self._policy = PolicyRunner(self.policy)
             self.policy.to(config.policy_device)
         elif config.policy_device != (self._config.policy_device if self._config else "cpu"):

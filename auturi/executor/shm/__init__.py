@@ -155,7 +155,7 @@ class ShmExecutor(Executor):
                 child_conn.close()
 
         common = {"seed": self.seed, "generation": self._generation, "device": config.policy_device,
-                  "threads": threads}
+                  "threads": threads, "id_offset": self.env_id_offset}
         cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
@@ -173,7 +173,7 @@ class ShmExecutor(Executor):
         self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
         if config.num_actors == 1:
             self._host = ActorHost(0, config, lambda: self.env_fns, lambda: self.policy, self.seed, self._generation,
-                                   self._ctrl, lanes[0], done_sems[0], self._check_children)
+                                   self._ctrl, lanes[0], done_sems[0], self._check_children, self.env_id_offset)
             if config.env_parallel_degree > 1:
                 self._host.pin_cpu = cores[0]
             if self._host.local_policy is not None:

@@ -72,7 +72,7 @@ class ActorHost:
 
     def __init__(self, actor: int, config: Config, env_fns: Callable[[], list], policy: Callable[[], Any],
                  seed: int, generation: int,
-                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any):
+                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any, id_offset: int = 0):
         self.actor, self.config, self.ctrl = actor, config, ctrl
         ids = config.actor_env_ids(actor)
         self.local_policy: PolicyRunner | None = None
@@ -80,7 +80,7 @@ class ActorHost:
         # The actor steps the first share of its envs itself, between handing out the other
         # shares and waiting for them: one process fewer, and the actor's core works instead
         # of idling (an idle vCPU was measured to take 0.1-2 ms to wake).
-        self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns(), seed, generation)
+        self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns(), seed, generation, id_offset)
         env_lanes: list = [LocalEnvLane(self.local_envs, f"envs of actor {actor}")]
         env_lanes += [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["env"]]
         if lanes["policy"]:
@@ -175,13 +175,13 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             return p
 
         if kind == "env":
-            obj = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"])
+            obj = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"], info["id_offset"])
         elif kind == "policy":
             obj = PolicyRunner(policy())
             _set_torch_threads(info["threads"])
         else:
             obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
-                            ctrl, info["lanes"], done_sem, check_parent)
+                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"])
             if obj.local_policy is not None:
                 _set_torch_threads(info["threads"])
             done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
