@@ -489,7 +489,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
     """The FastAPI app (without a server): useful with ``fastapi.testclient.TestClient``."""
     from fastapi import FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     M = _models()
@@ -512,6 +512,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
 
     nocache = {"Cache-Control": "no-store"}
+    trials_body: list[Any] = [None]  # (shaped trial list, query, JSON bytes) of the last /trials answer
 
     @app.get("/status", response_model=M["StatusModel"], summary="Where tuning stands",
              responses={422: {**err, "description": "Bad parameter"}})
@@ -533,12 +534,20 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         status: Annotated[Literal[TRIAL_STATUSES] | None, Query(description="Only trials with this status")] = None,  # type: ignore[valid-type]
         source: Annotated[Literal[TRIAL_SOURCES] | None, Query(description="Only trials measured for this reason")] = None,  # type: ignore[valid-type]
     ) -> JSONResponse:
-        rows = [t for t in reader.trials()
-                if (status is None or t["status"] == status) and (source is None or t["source"] == source)]
-        page = rows[offset:] if limit is None else rows[offset:offset + limit]
-        # Shaped by _Reader to TrialModel's types already (the schema tests check it), so no
-        # per-request validation: this path runs ten times a second beside collection.
-        return JSONResponse({"total": len(rows), "offset": offset, "trials": page}, headers=nocache)
+        shaped = reader.trials()
+        key = (offset, limit, status, source)
+        cached = trials_body[0]
+        if cached is not None and cached[0] is shaped and cached[1] == key:
+            body = cached[2]  # the same snapshot and query as the last request: its bytes
+        else:
+            rows = [t for t in shaped
+                    if (status is None or t["status"] == status) and (source is None or t["source"] == source)]
+            page = rows[offset:] if limit is None else rows[offset:offset + limit]
+            # Shaped by _Reader to TrialModel's types already (the schema tests check it), so no
+            # per-request validation: this path runs ten times a second beside collection.
+            body = JSONResponse({"total": len(rows), "offset": offset, "trials": page}).body
+            trials_body[0] = (shaped, key, body)  # holds `shaped`, so its identity is not reused
+        return Response(body, media_type="application/json", headers=nocache)
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text format",
              responses={200: {"content": {"text/plain": {}}}, 422: {**err, "description": "Bad parameter"}})
@@ -826,6 +835,15 @@ def _quiet_server_class() -> Any:
     return _QUIET
 
 
+def _fast_or(fast: str, fallback: str) -> str:
+    """``fast`` (uvloop's event loop, httptools' parser: C, in ``uvicorn[standard]``) when it is
+    installed, else the pure-Python ``fallback``. Each request takes the GIL from the collecting
+    thread; the C paths hold it for less and need fewer event-loop turns per request."""
+    import importlib.util
+
+    return fast if importlib.util.find_spec(fast) is not None else fallback
+
+
 class StatusServer:
     """Serves :func:`create_app` with uvicorn on a daemon thread of this process.
 
@@ -884,7 +902,8 @@ class StatusServer:
         self._sock = self._bind()
         self.port = int(self._sock.getsockname()[1])
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
-                                loop="asyncio", timeout_graceful_shutdown=1, server_header=False)
+                                loop=_fast_or("uvloop", "asyncio"), http=_fast_or("httptools", "h11"),
+                                timeout_graceful_shutdown=1, server_header=False)
         self._server = _quiet_server_class()(config)
         self._thread = threading.Thread(target=self._run, name=f"auturi-status-{self.port}", daemon=True)
         self._thread.start()

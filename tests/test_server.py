@@ -148,6 +148,23 @@ def test_trials_shape_and_filters(server, finished):
     assert get(server.url, "/trials?status=failed").json()["total"] == 0
 
 
+def test_trials_answer_follows_each_new_snapshot():
+    """/trials reuses its bytes only for the same snapshot and query: a new trial list, or
+    another filter, is answered afresh."""
+    snap = StatusSnapshot()
+    row = {"config": Config.serial(2).to_dict(), "source": "search", "status": "ok", "mean": 1.0, "n": 1,
+           "samples": [1.0]}
+    snap.update(trials=[row])
+    with StatusServer(snap) as srv:
+        first = get(srv.url, "/trials").json()
+        assert get(srv.url, "/trials").json() == first and first["total"] == 1
+        assert get(srv.url, "/trials?status=failed").json()["total"] == 0
+        snap.update(trials=[row, {**row, "mean": 2.0, "samples": [2.0]}])
+        second = get(srv.url, "/trials").json()
+        assert second["total"] == 2 and [t["mean"] for t in second["trials"]] == [1.0, 2.0]
+        assert get(srv.url, "/trials?offset=1").json()["trials"][0]["mean"] == 2.0
+
+
 METRIC_LINE = re.compile(
     r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
     r'(?P<labels>\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)?\})?'
