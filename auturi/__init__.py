@@ -14,23 +14,41 @@ __version__ = "0.1.0"
 
 
 def wrap(obj, **kwargs):
-    """One line around a training object: today a Stable-Baselines3 on-policy model (PPO,
-    A2C); returns the same object, whose ``learn`` now collects through Auturi. See
-    :func:`auturi.adapters.sb3.wrap_sb3` for the options and ``docs/adapters.md``."""
+    """One line around a training object; it then collects through Auturi.
+
+    - a Stable-Baselines3 on-policy model (PPO, A2C): returns the same model, whose ``learn``
+      collects through Auturi (:func:`auturi.adapters.sb3.wrap_sb3`);
+    - an RLlib ``AlgorithmConfig`` (new API stack, PPO): returns the same config, whose
+      ``build_algo()`` samples through Auturi (:func:`auturi.adapters.rllib.wrap_rllib`).
+
+    See ``docs/adapters.md`` for the options."""
     roots = {c.__module__.split(".")[0] for c in type(obj).__mro__}
     if roots & {"stable_baselines3", "sb3_contrib"}:
         from auturi.adapters.sb3 import wrap_sb3  # lazy: keeps `import auturi` torch-free
 
         return wrap_sb3(obj, **kwargs)
-    raise TypeError(f"auturi.wrap supports Stable-Baselines3 models (PPO, A2C); got {type(obj).__name__}. "
-                    f"For anything else build an executor with auturi.make_executor(...)")
+    if "ray" in roots:
+        from auturi.adapters.rllib import wrap_rllib  # lazy: keeps `import auturi` ray-free
+
+        if hasattr(obj, "train") and hasattr(obj, "env_runner_group"):
+            raise TypeError("auturi.wrap takes the RLlib AlgorithmConfig, not a built Algorithm: "
+                            "algo = auturi.wrap(PPOConfig()...).build_algo()")
+        return wrap_rllib(obj, **kwargs)
+    raise TypeError(f"auturi.wrap supports Stable-Baselines3 models (PPO, A2C) and RLlib AlgorithmConfigs (PPO); "
+                    f"got {type(obj).__name__}. For anything else build an executor with auturi.make_executor(...)")
 
 
-def unwrap(model):
-    """Undo :func:`wrap`: close the executor and restore the model's own collection loop."""
+def unwrap(obj):
+    """Undo :func:`wrap`. SB3 model: close the executor and restore its own collection loop.
+    RLlib AlgorithmConfig: restore its EnvRunner settings; RLlib Algorithm: end the executor's
+    workers (its runner samples with RLlib's own loop from then on)."""
+    if "ray" in {c.__module__.split(".")[0] for c in type(obj).__mro__}:
+        from auturi.adapters.rllib import unwrap_rllib
+
+        return unwrap_rllib(obj)
     from auturi.adapters.sb3 import unwrap_sb3
 
-    return unwrap_sb3(model)
+    return unwrap_sb3(obj)
 
 __all__ = [
     "Config", "AuturiError", "ConfigError", "WorkerError", "Executor", "make_executor", "Policy",
