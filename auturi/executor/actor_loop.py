@@ -15,7 +15,7 @@ per actor, per-env Python work in this loop cost more than stepping CartPole its
 from __future__ import annotations
 
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class ActorLoop:
     """
 
     def __init__(self, env_ids: Sequence[int], env_lanes: list[Lane], policy_lanes: list[Lane],
-                 batch_size: int, wait: Callable[[], list[Lane]]):
+                 batch_size: int, wait: Callable[[], list[Lane]], row_group: Callable[[list], Any] | None = None):
         self.env_ids = np.asarray(env_ids, dtype=np.int64)
         self.env_lanes, self.policy_lanes = env_lanes, policy_lanes
         self.batch_size = batch_size
@@ -92,6 +92,8 @@ class ActorLoop:
             per = self.per_lane
             act = pol0.runner.act_slice  # type: ignore[attr-defined]
             remotes = [lane for lane in env_lanes if lane.remote]
+            # A backend may post and await all remote lanes at once (shm: RowGroup).
+            group = row_group(remotes) if remotes and row_group is not None else None
             locals_ = [(slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
                        for d, lane in enumerate(env_lanes) if not lane.remote]
             remote = len(remotes)
@@ -99,10 +101,18 @@ class ActorLoop:
             def lockstep(num_steps: int) -> None:
                 for t in range(num_steps):
                     act(t, lo, hi)
-                    for lane in remotes:  # first: they work while this process steps its share
-                        lane.step_row(t)  # type: ignore[attr-defined]
+                    if group is not None:  # first: they work while this process steps its share
+                        group.step_row(t)
+                    else:
+                        for lane in remotes:
+                            lane.step_row(t)  # type: ignore[attr-defined]
                     for step, a, b in locals_:
                         step(t, a, b)
+                    if group is not None:
+                        t0 = time.perf_counter()
+                        group.wait()
+                        self.wait_seconds += time.perf_counter() - t0
+                        continue
                     left = remote
                     while left:
                         t0 = time.perf_counter()

@@ -29,8 +29,8 @@ from auturi.config import Config
 from auturi.errors import WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, TASK, RemoteLane, Waiter, control_specs, read_error,
-                                         write_name)
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, SPIN_SECONDS, TASK, RemoteLane, Waiter, control_specs,
+                                         read_error, write_name)
 from auturi.executor.shm.worker import ActorHost, worker_main
 
 _PRELOAD = ["auturi.executor.shm.preload"]
@@ -154,8 +154,9 @@ class ShmExecutor(Executor):
             if child_conn is not None:
                 child_conn.close()
 
+        spin = self._spin_seconds(config)
         common = {"seed": self.seed, "generation": self._generation, "device": config.policy_device,
-                  "threads": threads, "id_offset": self.env_id_offset}
+                  "threads": threads, "id_offset": self.env_id_offset, "spin": spin}
         cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
@@ -173,7 +174,8 @@ class ShmExecutor(Executor):
         self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
         if config.num_actors == 1:
             self._host = ActorHost(0, config, lambda: self.env_fns, lambda: self.policy, self.seed, self._generation,
-                                   self._ctrl, lanes[0], done_sems[0], self._check_children, self.env_id_offset)
+                                   self._ctrl, lanes[0], done_sems[0], self._check_children, self.env_id_offset,
+                                   spin)
             if config.env_parallel_degree > 1:
                 self._host.pin_cpu = cores[0]
             if self._host.local_policy is not None:
@@ -184,6 +186,14 @@ class ShmExecutor(Executor):
         else:
             self._actor_lanes = [RemoteLane(s, self._ctrl, slots[s].start_sem, slots[s].name, self._main_waiter)
                                  for s in actor_slots]
+
+    @staticmethod
+    def _spin_seconds(config: Config) -> float:
+        """Workers and actors poll before blocking (channel.SPIN_SECONDS) only when every busy
+        process of the layout has a core of its own; else a poller takes a core a peer needs."""
+        busy = config.num_processes + (1 if config.num_actors == 1 else 0)  # one actor: the caller
+        spin = float(os.environ.get("AUTURI_SPIN_SECONDS", SPIN_SECONDS))
+        return spin if busy <= _usable_cores() else 0.0
 
     def _policy_threads(self, config: Config) -> int:
         """Torch threads of each CPU replica: the cores env workers leave free, shared out."""

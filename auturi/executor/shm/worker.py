@@ -17,8 +17,8 @@ from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, Waiter, parent_watch,
-                                         read_name, write_error)
+from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, RowGroup, Waiter, acquire,
+                                         parent_watch, read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -72,11 +72,12 @@ class ActorHost:
 
     def __init__(self, actor: int, config: Config, env_fns: Callable[[], list], policy: Callable[[], Any],
                  seed: int, generation: int,
-                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any, id_offset: int = 0):
+                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any, id_offset: int = 0,
+                 spin: float = 0.0):
         self.actor, self.config, self.ctrl = actor, config, ctrl
         ids = config.actor_env_ids(actor)
         self.local_policy: PolicyRunner | None = None
-        self.waiter = Waiter(done_sem, ctrl, check_health, config)
+        self.waiter = Waiter(done_sem, ctrl, check_health, config, spin)
         # The actor steps the first share of its envs itself, between handing out the other
         # shares and waiting for them: one process fewer, and the actor's core works instead
         # of idling (an idle vCPU was measured to take 0.1-2 ms to wake).
@@ -89,7 +90,8 @@ class ActorHost:
             self.local_policy = PolicyRunner(policy())
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
-        self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter)
+        self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter,
+                              lambda remotes: RowGroup(remotes, self.waiter))
         self.fresh = True
 
     def bind(self, arrays: dict[str, np.ndarray]) -> None:
@@ -181,7 +183,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             _set_torch_threads(info["threads"])
         else:
             obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
-                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"])
+                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"], info["spin"])
             if obj.local_policy is not None:
                 _set_torch_threads(info["threads"])
             done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
@@ -193,7 +195,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     if ctrl["status"][slot] != OK:
         return _shutdown(obj, data, ctrl)
     try:
-        _serve(kind, slot, obj, ctrl, data, start_sem, done_sem, conn, check_parent)
+        _serve(kind, slot, obj, ctrl, data, start_sem, done_sem, conn, check_parent, info["spin"])
     except SystemExit:
         pass
     finally:
@@ -201,14 +203,14 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
 
 
 def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_sem: Any, done_sem: Any,
-           conn: Any, check_parent: Any) -> None:
+           conn: Any, check_parent: Any, spin: float) -> None:
     cmd_arr, seq, status, ntask, tasks, timing = (ctrl["cmd"], ctrl["seq"], ctrl["status"], ctrl["ntask"],
                                                   ctrl["tasks"], ctrl["timing"])
     if kind == "env":
         lo, hi = obj.env_ids[0], obj.env_ids[-1] + 1
         step_row = slice_stepper(obj)
     while True:
-        if not start_sem.acquire(timeout=1.0):
+        if not acquire(start_sem, spin, 1.0):
             check_parent()
             continue
         cmd = int(cmd_arr[slot])

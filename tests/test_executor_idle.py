@@ -1,0 +1,43 @@
+"""Waiting costs no CPU: workers and actors poll their semaphore for a moment only when every
+process of the layout has a core, and block otherwise and between collects."""
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import psutil
+import pytest
+
+from auturi import Config, ConstantPolicy, make_executor
+from auturi.envs import CountingEnv
+from auturi.executor.shm import ShmExecutor
+from auturi.executor.shm.channel import SPIN_SECONDS
+from auturi.tuner.space import usable_cores
+
+
+def test_nobody_spins_when_processes_outnumber_cores(monkeypatch):
+    monkeypatch.delenv("AUTURI_SPIN_SECONDS", raising=False)
+    cores = usable_cores()
+    crowded = Config(envs_per_actor=2 * cores, env_parallel_degree=2 * cores)
+    assert crowded.num_processes + 1 > cores
+    assert ShmExecutor._spin_seconds(crowded) == 0.0
+    roomy = Config(envs_per_actor=4, env_parallel_degree=2)  # the caller and one env worker
+    if 2 <= cores:
+        assert ShmExecutor._spin_seconds(roomy) == SPIN_SECONDS > 0
+
+
+@pytest.mark.parametrize("degree", [2, 4])
+def test_idle_workers_use_no_cpu_between_collects(degree):
+    with make_executor(CountingEnv, ConstantPolicy(gym.spaces.Discrete(3)), num_envs=4,
+                       config=Config(envs_per_actor=4, env_parallel_degree=degree), backend="shm") as ex:
+        ex.collect(200)  # workers have stepped (and polled) until just now
+        kids = psutil.Process().children(recursive=True)
+        workers = [p for p in kids if "auturi" in " ".join(p.cmdline()) or p.name().startswith("python")]
+        assert workers
+        before = sum(sum(p.cpu_times()[:2]) for p in workers)
+        t0 = time.perf_counter()
+        time.sleep(1.0)  # the measurement window, not a synchronisation
+        window = time.perf_counter() - t0
+        used = sum(sum(p.cpu_times()[:2]) for p in workers) - before
+        # A polling or spinning worker would use about `window` seconds of CPU each.
+        assert used < 0.05 * window * len(workers), (used, len(workers))
