@@ -52,6 +52,10 @@ class Policy(Protocol):
         """Move to ``cpu``, ``cuda`` or ``cuda:k``; called once in each replica."""
         ...
 
+    # Optional: ``preload_modules``, a tuple of module names the ``shm`` backend imports once
+    # in the forkserver its replicas fork from (torch always is), for policies whose imports
+    # take seconds (RLlib's); each replica process then starts in milliseconds.
+
 
 class _StatelessPolicy:
     """Shared plumbing for policies without weights."""

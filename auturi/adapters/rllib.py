@@ -141,6 +141,10 @@ class RLModulePolicy:
     the raw ones come back in the extra ``raw_actions`` (what the episode stores).
     """
 
+    # Imported once in the forkserver replicas fork from: rebuilding the module imports
+    # RLlib, ~2 s per replica process and reconfigure otherwise.
+    preload_modules = ("ray.rllib.core.rl_module.rl_module", "ray.rllib.core.rl_module.torch")
+
     def __init__(self, spec_blob: bytes, action_space: gym.Space, distribution: str, *,
                  normalize_actions: bool = True, clip_actions: bool = False, device: str = "cpu",
                  module: Any = None):

@@ -82,11 +82,13 @@ class ShmExecutor(Executor):
         self._timing = np.zeros(3)
         self._payloads: tuple[bytes, bytes] = (b"", b"")
         self._torch_process: type | None = None
+        self._preload: tuple[str, ...] = ()
         if self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules:
-            from auturi.executor.shm.forkservers import TorchProcess, start_torch_server
+            from auturi.executor.shm.forkservers import TorchProcess, preload_key, start_torch_server
 
             self._torch_process = TorchProcess
-            start_torch_server()  # it imports torch in the background while we probe and build
+            self._preload = preload_key(args[1] if len(args) > 1 else kwargs.get("policy"))
+            start_torch_server(self._preload)  # it imports torch in the background while we probe and build
         super().__init__(*args, **kwargs)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
@@ -150,6 +152,8 @@ class ShmExecutor(Executor):
                 target=worker_main, name=f"auturi: {s.name}", daemon=True,
                 args=(kind, slot, self._ctrl.handle, s.start_sem, done_sem, main_sem, self._payloads,  # type: ignore[union-attr]
                       self.spec, self.num_envs, info, child_conn))
+            if proc_cls is self._torch_process:
+                s.proc.preload = self._preload  # type: ignore[attr-defined]
             s.proc.start()
             if child_conn is not None:
                 child_conn.close()

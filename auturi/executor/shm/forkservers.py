@@ -22,34 +22,40 @@ from typing import Any
 
 _PRELOAD_TORCH = ["auturi.executor.shm.preload", "torch"]
 _lock = threading.Lock()
-_server: _fs.ForkServer | None = None
+_servers: dict[tuple[str, ...], _fs.ForkServer] = {}
+_target = threading.local()  # the server the Popen being built in this thread connects to
 
 
 class _ServerModule:
-    """Looks like the ``multiprocessing.forkserver`` module, but talks to our server."""
-
-    def __init__(self, server: _fs.ForkServer):
-        self._server = server
+    """Looks like the ``multiprocessing.forkserver`` module, but talks to our server (the one
+    :meth:`TorchProcess._Popen` chose for the process being started)."""
 
     def connect_to_new_process(self, fds: Any) -> Any:
-        return self._server.connect_to_new_process(fds)
+        return _target.server.connect_to_new_process(fds)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_fs, name)
 
 
-def _torch_server() -> _fs.ForkServer:
-    global _server
+def _torch_server(extra: tuple[str, ...] = ()) -> _fs.ForkServer:
+    """The server preloading torch and ``extra`` (a policy's ``preload_modules``, e.g. RLlib,
+    whose import cost seconds per replica): one per distinct set, started on first use."""
     with _lock:
-        if _server is None:
-            _server = _fs.ForkServer()
-            _server.set_forkserver_preload(_PRELOAD_TORCH)
-        return _server
+        server = _servers.get(extra)
+        if server is None:
+            server = _servers[extra] = _fs.ForkServer()
+            server.set_forkserver_preload(_PRELOAD_TORCH + list(extra))
+        return server
 
 
-def start_torch_server() -> None:
-    """Start the server now; it imports torch while the caller goes on."""
-    _torch_server().ensure_running()
+def preload_key(policy: Any) -> tuple[str, ...]:
+    """The extra modules ``policy`` asks its processes to find imported (``preload_modules``)."""
+    return tuple(sorted(set(getattr(policy, "preload_modules", ()) or ())))
+
+
+def start_torch_server(extra: tuple[str, ...] = ()) -> None:
+    """Start the server now; it imports torch (and ``extra``) while the caller goes on."""
+    _torch_server(extra).ensure_running()
 
 
 class _TorchPopen(_pf.Popen):
@@ -59,18 +65,24 @@ class _TorchPopen(_pf.Popen):
 def _install_launch() -> None:
     launch = _pf.Popen._launch
     glb = dict(launch.__globals__)
-    glb["forkserver"] = _ServerModule(_torch_server())
+    glb["forkserver"] = _ServerModule()
     _TorchPopen._launch = types.FunctionType(launch.__code__, glb, launch.__name__,  # type: ignore[method-assign]
                                              launch.__defaults__, launch.__closure__)
 
 
 class TorchProcess(ForkServerProcess):
-    """A forkserver process started from the torch forkserver (module-level: the process
-    object is pickled to the server)."""
+    """A forkserver process started from a torch forkserver (module-level: the process
+    object is pickled to the server). ``preload`` picks the server: torch plus those modules."""
+
+    preload: tuple[str, ...] = ()
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
         if not hasattr(_TorchPopen, "_auturi_ready"):
             _install_launch()
             _TorchPopen._auturi_ready = True  # type: ignore[attr-defined]
-        return _TorchPopen(process_obj)
+        _target.server = _torch_server(tuple(getattr(process_obj, "preload", ())))
+        try:
+            return _TorchPopen(process_obj)  # _launch runs now, in this thread
+        finally:
+            _target.server = None

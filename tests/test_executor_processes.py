@@ -1,10 +1,13 @@
-"""Waiting costs no CPU: workers and actors poll their semaphore for a moment only when every
-process of the layout has a core, and block otherwise and between collects."""
+"""Worker processes. Waiting costs no CPU: workers and actors poll their semaphore for a moment only when every
+process of the layout has a core, and block otherwise and between collects. Replicas start with what their policy asks to be
+preloaded."""
 from __future__ import annotations
 
+import sys
 import time
 
 import gymnasium as gym
+import numpy as np
 import psutil
 import pytest
 
@@ -41,3 +44,38 @@ def test_idle_workers_use_no_cpu_between_collects(degree):
         used = sum(sum(p.cpu_times()[:2]) for p in workers) - before
         # A polling or spinning worker would use about `window` seconds of CPU each.
         assert used < 0.05 * window * len(workers), (used, len(workers))
+
+
+class PreloadProbe:
+    """Reports, as an extra, whether its module was imported before the replica unpickled it."""
+
+    noise_dim = 0
+    preload_modules = ("xml.dom.minidom",)
+
+    def __init__(self):
+        self.preloaded = False
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.preloaded = "xml.dom.minidom" in sys.modules
+
+    def act(self, obs, noise):
+        n = len(obs)
+        return np.zeros(n, np.int64), {"preloaded": np.full(n, self.preloaded)}
+
+    def get_state(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+    def to(self, device):
+        pass
+
+
+def test_policy_preload_modules_are_imported_before_replicas_start():
+    pytest.importorskip("torch")  # replicas fork from the torch forkserver once torch is here
+    cfg = Config(envs_per_actor=4, policies_per_actor=2, policy_batch_size=2)
+    with make_executor(CountingEnv, PreloadProbe(), num_envs=4, config=cfg, backend="shm") as ex:
+        r = ex.collect(3)
+    assert r.extras["preloaded"].all()
