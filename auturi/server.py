@@ -56,7 +56,7 @@ from auturi.errors import AuturiError
 
 __all__ = ["ServerError", "StatusServer", "StatusSnapshot", "create_app", "is_loopback", "render_metrics"]
 
-PHASES = ("idle", "baseline", "profiling", "search", "final", "done", "failed", "explore", "locked", "research")
+PHASES = ("idle", "baseline", "profiling", "search", "final", "done", "failed", "explore", "locked", "research", "paused")
 TRIAL_STATUSES = ("running", "ok", "invalid", "failed")
 TRIAL_SOURCES = ("start", "serial", "cache", "search", "final", "online", "research")
 LINE_COLOUR = "#1f77b4"

@@ -30,6 +30,7 @@ def grid_online(ex, **kw) -> OnlineTuner:
     space = SearchSpace(totals=SPACE.totals, cores=SPACE.cores, devices=SPACE.devices, configs=order)
     kw.setdefault("min_samples", 2)
     kw.setdefault("max_samples", 4)
+    kw.setdefault("search_share", None)  # these tests follow the search back to back
     return OnlineTuner(ex, "grid", space=space, cache=False, clock=ex.clock, **kw)
 
 
@@ -160,3 +161,40 @@ def test_a_config_the_executor_refuses_is_skipped_online():
     assert [t.status for t in online.history].count("invalid") == 1
     assert online.history[1].config == FAST and online.history[1].status == "invalid"
     assert online.phase == "locked" and online.locked_config != FAST
+
+
+def test_search_share_bounds_what_the_search_costs_and_the_search_still_finishes():
+    """16 envs x 16 steps take ~0.1 s; each reconfigure 0.5 s: back to back the search would
+    cost most of a short run. With a 10% share it pauses on the best config so far, never
+    runs over its share by more than one trial, and finishes later."""
+    ex = FakeExecutor(N, speeds, noise=0.01)
+    online = grid_online(ex, budget_trials=6, search_share=0.1)
+    phases, over = [], []
+    for _ in range(3000):
+        online.collect(16)
+        phases.append(online.phase)
+        elapsed = ex.clock() - online.t0
+        over.append(online.search_cost - 0.1 * elapsed)
+        if online.phase == "paused":
+            best = online.best()
+            assert ex.config == best.config  # the fastest measured so far runs meanwhile
+    assert "paused" in phases and phases[-1] == "locked"
+    assert online.locked_config == FAST and len(online.history) == 6
+    # The share is checked between trials: it can be exceeded by one trial (its reconfigure
+    # and its warm-up plus at most 4 samples, at worst at the slowest speed) and the switch back.
+    one_trial = 2 * ex.reconf_s + 5 * 16 * N / 1000.0
+    assert max(over) < one_trial, max(over)
+    assert over[-1] < 0.05 * ex.clock()  # and over a long run it stays within the share
+    assert online.status()["search_cost_seconds"] == online.search_cost > 0
+
+
+def test_without_a_share_the_search_never_pauses():
+    ex = FakeExecutor(N, speeds, noise=0.01)
+    online = grid_online(ex, budget_trials=6, search_share=None)
+    phases = [(online.collect(16), online.phase)[1] for _ in range(60)]
+    assert "paused" not in phases and phases[-1] == "locked"
+
+
+def test_search_share_must_be_a_fraction():
+    with pytest.raises(ValueError, match="search_share"):
+        OnlineTuner(FakeExecutor(N, speeds), "grid", cache=False, search_share=0)

@@ -566,7 +566,14 @@ class OnlineTuner(_Session):
     throughput is not), ``locked`` (the budget is spent: the fastest measured config runs
     from then on), ``research`` (throughput stayed more than ``drop_fraction`` below the
     locked mean for ``drop_patience`` collects in a row: the locked config and its
-    neighbours are re-measured and the fastest is locked in).
+    neighbours are re-measured and the fastest is locked in), ``paused`` (the search has
+    cost more than ``search_share`` of the training's wall time so far: the fastest config
+    measured so far runs until the share is back under the limit, then the search goes on).
+
+    What the search costs: every reconfigure, plus, for each collect of a trial, the time it
+    took beyond what the fastest config measured so far would have taken. With the share
+    bounded, a short training run loses at most about ``search_share`` of its time to the
+    search, and a long one finishes the search and keeps the gain.
 
     Args:
         executor: the training's executor; this object never collects more than asked.
@@ -576,6 +583,8 @@ class OnlineTuner(_Session):
         rel_half_width, min_samples, max_samples, warmup_collects: the protocol per trial.
         drop_fraction, drop_patience: what counts as a sustained drop.
         max_research_trials: configs a re-search measures (the locked one included).
+        search_share: the most of the wall time since the first collect that the search may
+            cost (None: no limit, the search runs its budget back to back).
     """
 
     mode = "online"
@@ -586,7 +595,10 @@ class OnlineTuner(_Session):
                  drop_patience: int = 3, max_research_trials: int = 6, space: SearchSpace | None = None,
                  devices: Sequence[str] | None = None, cores: int | None = None, cache: Any = None,
                  callback: Callback | None = None, seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
-                 workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter):
+                 workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 search_share: float | None = 0.1):
+        if search_share is not None and not 0 < search_share <= 1:
+            raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
             raise ValueError(f"drop_fraction must be in (0, 1), got {drop_fraction}")
         if drop_patience < 1:
@@ -611,6 +623,9 @@ class OnlineTuner(_Session):
         self._num_steps = 0
         self._research_trials: list[Trial] = []
         self._saved = False
+        self.search_share = search_share
+        self.search_cost = 0.0  # seconds the search has cost so far (see the class docstring)
+        self._paused_from: str | None = None
 
     @property
     def locked_config(self) -> Config | None:
@@ -623,13 +638,39 @@ class OnlineTuner(_Session):
         self._num_steps = num_steps
         c0 = self.clock()
         rollout = self.executor.collect(num_steps)
-        sps = throughput_of(rollout, self.clock() - c0, num_steps * self.executor.num_envs)
+        seconds = self.clock() - c0
+        steps = num_steps * self.executor.num_envs
+        sps = throughput_of(rollout, seconds, steps)
         self.collects += 1
         if self.phase in ("explore", "research"):
+            best = self.best()
+            if best is not None and best.mean:
+                self.search_cost += max(0.0, seconds - steps / best.mean)
             self._feed(sps)
         elif self.phase == "locked":
             self._monitor(sps)
+        elif self.phase == "paused" and not self._over_share():
+            self._set_phase(self._paused_from or "explore")
+            self._advance()
         return rollout
+
+    def _over_share(self) -> bool:
+        if self.search_share is None or self.t0 is None:
+            return False
+        return self.search_cost > self.search_share * (self.clock() - self.t0)
+
+    def _pause(self) -> None:
+        """Run the fastest config measured so far until the search is back within its share."""
+        best = self.best(self._research_trials) if self.phase == "research" else None
+        best = best or self.best()
+        assert best is not None
+        if best.config != self.executor.config:
+            self.search_cost += float(self.executor.reconfigure(best.config) or 0.0)
+        self._paused_from = self.phase
+        self._set_phase("paused")
+        self._emit("phase", best, best.mean,
+                   f"search paused: it cost {self.search_cost:.1f} s, over {self.search_share:.0%} of the "
+                   f"training time; running {best.config} meanwhile")
 
     # -- phases
     def _begin(self, num_steps: int) -> None:
@@ -644,8 +685,12 @@ class OnlineTuner(_Session):
         self._advance()
 
     def _advance(self) -> None:
-        """Start the next trial, skipping configs the executor refuses; lock in when none is left."""
+        """Start the next trial, skipping configs the executor refuses; lock in when none is
+        left; pause when the search is over its share of the time."""
         while True:
+            if self._over_share() and self.best() is not None and (self._queue or not self.budget_spent()):
+                self._pause()
+                return
             nxt = self._next()
             if nxt is None:
                 self._lock()
@@ -661,6 +706,7 @@ class OnlineTuner(_Session):
         if config != self.executor.config:
             try:
                 trial.reconfigure_seconds = float(self.executor.reconfigure(config) or 0.0)
+                self.search_cost += trial.reconfigure_seconds
             except ConfigError as e:
                 trial.status, trial.error, trial.exception = "invalid", str(e), e
                 self._record_trial(trial)
@@ -764,5 +810,6 @@ class OnlineTuner(_Session):
         s = super().status()
         s.update({"collects": self.collects, "locked_config": _cfg(self.locked_config),
                   "reference_throughput": self.reference, "researches": self.researches,
-                  "consecutive_drops": self._drops})
+                  "consecutive_drops": self._drops, "search_cost_seconds": self.search_cost,
+                  "search_share": self.search_share})
         return s
