@@ -1,7 +1,8 @@
 """The ``auturi`` command line.
 
 ``auturi tune ENV`` measures layouts for ENV on this machine and prints the fastest;
-``auturi show result.json`` prints a saved result again. See ``docs/cli.md``.
+``auturi show result.json`` prints a saved result again; ``auturi bench ...`` runs the
+benchmark suite of a source checkout (``python -m bench``). See ``docs/cli.md``.
 
 Exit codes: 0 done, 1 tuning failed at run time (a worker died), 2 bad input (unknown env,
 bad budget, missing GPU, unreadable file; one line says what to change), 130 interrupted.
@@ -502,6 +503,30 @@ def show(
 ) -> None:
     """Print a saved result: the trials table and the choice as an auturi.Config(...) line."""
     _run(lambda: _show(path, json_out), debug)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Run the benchmark suite of a source checkout (python -m bench); see auturi bench --help."""
+    _run(lambda: _bench(list(ctx.args)), debug=True)  # a benchmark crash shows its traceback
+
+
+def _bench(args: list[str]) -> None:
+    """Forward to ``bench.suite.main``: the repository's ``bench`` package, importable from the
+    current directory or from the checkout this ``auturi`` package lives in (editable install)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "bench" / "suite.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))
+    try:
+        suite = importlib.import_module("bench.suite")
+    except ImportError:
+        suite = None
+    if suite is None or not callable(getattr(suite, "main", None)):
+        _fail("auturi bench needs a source checkout: the benchmarks are the repository's bench/ package, which "
+              "pip does not install. Clone the Auturi repository, pip install -e '.[dev]' there, and run "
+              "auturi bench (or python -m bench) from its root")
+    suite.main(args)
 
 
 def _run(fn: Callable[[], None], debug: bool) -> None:

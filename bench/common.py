@@ -5,7 +5,7 @@ import os
 import platform
 import statistics
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 
 def machine_header() -> str:
@@ -32,7 +32,7 @@ def machine_header() -> str:
     except OSError:
         pass
     vers = [f"python {platform.python_version()}", f"numpy {numpy.__version__}", f"gymnasium {gymnasium.__version__}"]
-    for mod in ("torch", "stable_baselines3", "envpool"):
+    for mod in ("torch", "stable_baselines3", "envpool", "ray"):
         m = sys.modules.get(mod)
         if m is not None:
             vers.append(f"{mod} {m.__version__}")
@@ -47,3 +47,32 @@ def median_spread(xs: Sequence[float]) -> tuple[float, float]:
         return med, (xs[-1] - xs[0]) / 2 / med if med else 0.0
     q = statistics.quantiles(xs, n=4)
     return med, (q[2] - q[0]) / 2 / med if med else 0.0
+
+
+def summarize(xs: Sequence[float]) -> dict:
+    """Every sample plus its median, half-IQR spread (fraction of the median), min and max.
+
+    >>> s = summarize([1.0, 2.0, 3.0])
+    >>> s["median"], s["min"], s["max"], s["n"]
+    (2.0, 1.0, 3.0, 3)
+    """
+    xs = [float(x) for x in xs]
+    med, spread = median_spread(xs)
+    return {"median": med, "spread": spread, "min": min(xs), "max": max(xs), "n": len(xs), "samples": xs}
+
+
+def interleave(runners: dict, rounds: int, run: Callable[[str, Any], float],
+               progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """``rounds`` rounds; in each, one sample ``run(name, runner)`` of every runner in turn, so
+    a drift of the machine hits every runner alike. Returns the samples by name.
+
+    >>> interleave({"a": 1, "b": 2}, 2, lambda name, r: 10.0 * r)
+    {'a': [10.0, 10.0], 'b': [20.0, 20.0]}
+    """
+    samples: dict[str, list[float]] = {k: [] for k in runners}
+    for i in range(rounds):
+        for name, r in runners.items():
+            if progress is not None:
+                progress(f"round {i + 1}/{rounds} {name}")
+            samples[name].append(run(name, r))
+    return samples

@@ -20,7 +20,10 @@ import time
 from bench.common import machine_header
 
 
-def run(kind: str, env_id: str, n_envs: int, steps: int, seed: int, config_json: str | None) -> dict:
+def run(kind: str, env_id: str, n_envs: int, steps: int, seed: int, config_json: str | None,
+        n_steps: int = 256) -> dict:
+    """One timed ``learn``: ``kind`` is ``sb3`` (SB3's default DummyVecEnv), ``tuned``
+    (``auturi.wrap(model)``) or ``fixed`` (``auturi.wrap(model, config=<config_json>)``)."""
     import numpy as np
     import torch
     from stable_baselines3 import PPO
@@ -29,7 +32,7 @@ def run(kind: str, env_id: str, n_envs: int, steps: int, seed: int, config_json:
     import auturi
 
     torch.set_num_threads(1)
-    model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=n_envs, seed=seed), n_steps=256, batch_size=256,
+    model = PPO("MlpPolicy", make_vec_env(env_id, n_envs=n_envs, seed=seed), n_steps=n_steps, batch_size=256,
                 seed=seed, device="cpu", verbose=0)
     if kind == "tuned":
         model = auturi.wrap(model)

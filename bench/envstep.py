@@ -18,70 +18,83 @@ import sys
 import time
 
 import gymnasium as gym
-import numpy as np
-
-from bench.common import machine_header, median_spread
+from bench.common import interleave, machine_header, summarize
+from bench.peers import AuturiRunner, PeerRunner
 
 ENV_ID = "CartPole-v1"
+COLUMNS = ("auturi_degree_N", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy")
 
 
 def make_cartpole():
     return gym.make(ENV_ID)
 
 
-class AuturiRunner:
-    def __init__(self, n: int, degree: int):
-        import auturi
+def _constant():
+    import auturi
 
-        self.cfg = auturi.Config(envs_per_actor=n, env_parallel_degree=degree)
-        self.ex = auturi.make_executor(make_cartpole, auturi.ConstantPolicy(gym.spaces.Discrete(2)), num_envs=n,
-                                       config=self.cfg, backend="shm")
-        self.ex.collect(16)  # warm up: workers started, envs reset
-
-    def run(self, steps: int) -> float:
-        r = self.ex.collect(steps)
-        return r.stats.steps / r.stats.seconds
-
-    def close(self):
-        self.ex.close()
+    return auturi.ConstantPolicy(gym.spaces.Discrete(2))
 
 
-class VecRunner:
-    def __init__(self, kind: str, n: int):
-        self.kind, self.n = kind, n
-        if kind == "dummy":
-            from stable_baselines3.common.vec_env import DummyVecEnv
+def auturi_runner(n: int, degree: int):
+    """An Auturi shm executor on ``n`` CartPoles, ``degree`` stepping contexts, constant actions."""
+    import auturi
 
-            self.env = DummyVecEnv([make_cartpole] * n)
-        elif kind == "subproc":
-            from stable_baselines3.common.vec_env import SubprocVecEnv
+    return AuturiRunner(make_cartpole, _constant(), n, auturi.Config(envs_per_actor=n, env_parallel_degree=degree))
 
-            self.env = SubprocVecEnv([make_cartpole] * n, start_method="forkserver")
-        else:
-            self.env = gym.vector.AsyncVectorEnv([make_cartpole] * n, shared_memory=True)
-        self.env.reset()
-        self.actions = np.zeros(n, dtype=np.int64)
-        self.run(16)
 
-    def run(self, steps: int) -> float:
-        t0 = time.perf_counter()
-        if self.kind == "async":
-            for _ in range(steps):
-                self.env.step(self.actions)
-        else:
-            for _ in range(steps):
-                self.env.step(self.actions)
-        return steps * self.n / (time.perf_counter() - t0)
+def vec_runner(kind: str, n: int):
+    """A peer (``dummy``, ``subproc``, ``async``) on ``n`` CartPoles with constant actions."""
+    return PeerRunner(kind, make_cartpole, n, _constant(), warmup_steps=16)
 
-    def close(self):
-        self.env.close()
+
+def makers(n: int, columns=COLUMNS) -> dict:
+    """The runners of one row (N = ``n``), by column name, as constructors."""
+    m = {
+        "auturi_serial": lambda: auturi_runner(n, 1),
+        "dummy": lambda: vec_runner("dummy", n),
+        "auturi_degree_N": lambda: auturi_runner(n, n),
+        "subproc": lambda: vec_runner("subproc", n),
+        "async_shm": lambda: vec_runner("async", n),
+    }
+    if n >= 2:
+        m["auturi_degree_2"] = lambda: auturi_runner(n, 2)
+    return {k: v for k, v in m.items() if k in columns}
+
+
+def measure(ns, steps: int, rounds: int, columns=COLUMNS, progress=None) -> list[dict]:
+    """One row per N: every runner's samples (env steps/s, ``steps // N`` rows per sample, at
+    least 50), their summary, and the ratios that exist among ``columns``."""
+    rows = []
+    for n in ns:
+        per = max(50, steps // n)
+        runners = {}
+        try:
+            for k, make in makers(n, columns).items():
+                if progress:
+                    progress(f"N={n} starting {k}")
+                runners[k] = make()
+            samples = interleave(runners, rounds, lambda k, r: r.run(per),
+                                 (lambda msg: progress(f"N={n} {msg}")) if progress else None)
+        finally:
+            for r in runners.values():
+                r.close()
+        row = {"n": n, "rows_per_sample": per}
+        row.update({k: summarize(xs) for k, xs in samples.items()})
+        for key, a, b in (("ratio_degreeN_vs_subproc", "auturi_degree_N", "subproc"),
+                          ("ratio_degreeN_vs_async", "auturi_degree_N", "async_shm"),
+                          ("ratio_serial_vs_dummy", "auturi_serial", "dummy"),
+                          ("ratio_degree2_vs_dummy", "auturi_degree_2", "dummy")):
+            if a in row and b in row:
+                row[key] = row[a]["median"] / row[b]["median"]
+        rows.append(row)
+    return rows
 
 
 def idle_cpu_percent(n: int, seconds: float = 2.0) -> float:
     """CPU used by an Auturi executor's workers while nobody collects (like a PPO update)."""
     import psutil
 
-    r = AuturiRunner(n, n)
+    r = auturi_runner(n, n)
     try:
         procs = [psutil.Process(s.proc.pid) for s in r.ex._slots]
         t0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
@@ -105,37 +118,9 @@ def main(argv=None) -> dict:
     results: dict = {"machine": machine_header(), "command": "python -m bench.envstep " + " ".join(argv or sys.argv[1:]),
                      "rows": []}
     print(results["machine"])
-    for n in args.envs:
-        rows = max(50, args.steps // n)
-        makers = {
-            "auturi_serial": lambda: AuturiRunner(n, 1),
-            "dummy": lambda: VecRunner("dummy", n),
-            "auturi_degree_N": lambda: AuturiRunner(n, n),
-            "subproc": lambda: VecRunner("subproc", n),
-            "async_shm": lambda: VecRunner("async", n),
-        }
-        if n >= 2:
-            makers["auturi_degree_2"] = lambda: AuturiRunner(n, 2)
-        samples: dict[str, list[float]] = {k: [] for k in makers}
-        runners = {k: m() for k, m in makers.items()}
-        try:
-            for _ in range(args.rounds):  # interleaved: noise hits every system alike
-                for k, r in runners.items():
-                    samples[k].append(r.run(rows))
-        finally:
-            for r in runners.values():
-                r.close()
-        row = {"n": n, "rows_per_sample": rows}
-        for k, xs in samples.items():
-            med, spread = median_spread(xs)
-            row[k] = {"median": med, "spread": spread, "samples": xs}
-        row["ratio_degreeN_vs_subproc"] = row["auturi_degree_N"]["median"] / row["subproc"]["median"]
-        row["ratio_degreeN_vs_async"] = row["auturi_degree_N"]["median"] / row["async_shm"]["median"]
-        row["ratio_serial_vs_dummy"] = row["auturi_serial"]["median"] / row["dummy"]["median"]
-        if n >= 2:
-            row["ratio_degree2_vs_dummy"] = row["auturi_degree_2"]["median"] / row["dummy"]["median"]
+    for row in measure(args.envs, args.steps, args.rounds):
         results["rows"].append(row)
-        print(f"N={n:3d} " + "  ".join(f"{k}={row[k]['median']:9.0f}" for k in samples)
+        print(f"N={row['n']:3d} " + "  ".join(f"{k}={row[k]['median']:9.0f}" for k in COLUMNS if k in row)
               + "  | " + "  ".join(f"{k}={v:.2f}" for k, v in row.items() if k.startswith("ratio")), flush=True)
     results["idle_worker_cpu_percent_16_workers"] = idle_cpu_percent(16)
     print(f"idle CPU of 16 idle env workers: {results['idle_worker_cpu_percent_16_workers']:.2f}% of one core")
@@ -149,20 +134,23 @@ def main(argv=None) -> dict:
     return results
 
 
-def markdown(results: dict) -> str:
-    """The table for docs/benchmarks.md, from the JSON (never typed by hand)."""
-    cols = ["auturi_degree_N", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy"]
-    out = [f"Machine: {results['machine']}  ", f"Command: `{results['command']}`", "",
-           "| N | " + " | ".join(cols) + " | degN/Subproc | degN/Async | deg2/Dummy | serial/Dummy |",
+def table(rows: list[dict]) -> list[str]:
+    """The scaling table's lines (medians, ``±`` half-IQR, ratios), from :func:`measure`'s rows."""
+    cols = [c for c in COLUMNS if any(c in row for row in rows)]
+    out = ["| N | " + " | ".join(cols) + " | degN/Subproc | degN/Async | deg2/Dummy | serial/Dummy |",
            "|---:|" + "---:|" * (len(cols) + 4)]
-    for row in results["rows"]:
-        cells = []
-        for c in cols:
-            cells.append(f"{row[c]['median']:,.0f} ±{100 * row[c]['spread']:.0f}%" if c in row else "-")
+    for row in rows:
+        cells = [f"{row[c]['median']:,.0f} ±{100 * row[c]['spread']:.0f}%" if c in row else "-" for c in cols]
         ratios = [row.get("ratio_degreeN_vs_subproc"), row.get("ratio_degreeN_vs_async"),
                   row.get("ratio_degree2_vs_dummy"), row.get("ratio_serial_vs_dummy")]
         cells += [f"{r:.2f}x" if r is not None else "-" for r in ratios]
         out.append(f"| {row['n']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def markdown(results: dict) -> str:
+    """The table for docs/benchmarks.md, from the JSON (never typed by hand)."""
+    out = [f"Machine: {results['machine']}  ", f"Command: `{results['command']}`", ""] + table(results["rows"])
     out.append("")
     out.append(f"Idle CPU of 16 idle env workers between collects: "
                f"{results['idle_worker_cpu_percent_16_workers']:.2f}% of one core.")

@@ -1,6 +1,19 @@
-"""The peers a user would pick instead of Auturi, each running the same collection loop
-(policy on the current observations, then a vectorised env step) with the same policy:
-SB3 DummyVecEnv and SubprocVecEnv, gymnasium AsyncVectorEnv.
+"""The systems a user would pick instead of Auturi, and Auturi itself, behind one interface:
+``run(num_steps) -> env steps per second`` (``num_steps`` rows of ``num_envs`` envs) and
+``close()``. Every runner collects with the policy it is given (the same network for all), in
+the same loop: the policy on the current observations, then a vectorised env step.
+
+==============  ==========================================================================
+kind            what runs
+==============  ==========================================================================
+dummy           SB3 ``DummyVecEnv`` (envs stepped one after another in this process)
+subproc         SB3 ``SubprocVecEnv`` (one process per env, pipes), started with ``fork``
+async           gymnasium ``AsyncVectorEnv`` (one process per env), ``shared_memory=True``
+envpool         EnvPool sync mode (``batch_size == num_envs``), C++ threads = cores
+envpool_async   EnvPool async mode: ``batch_size = num_envs // 2``, policy on each batch
+auturi          :class:`AuturiRunner`: an Auturi ``shm`` executor with a given config
+rllib           :class:`bench.rllib_peer.RLlibRunner` (imports ray only when used)
+==============  ==========================================================================
 
 Example:
     >>> from bench.peers import PeerRunner
@@ -13,19 +26,32 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-PEERS = ("dummy", "subproc", "async")
+PEERS = ("dummy", "subproc", "async", "envpool", "envpool_async")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 class PeerRunner:
-    """``kind`` is ``dummy``/``subproc`` (SB3) or ``async`` (gymnasium, shared memory)."""
+    """``kind``: ``dummy``/``subproc`` (SB3), ``async`` (gymnasium, shared memory), ``envpool``
+    or ``envpool_async`` (``envpool_task`` names the EnvPool task; ``env_fn`` is then unused).
+    ``start_method``: SubprocVecEnv's. ``warmup_steps``: rows run (untimed) at the start."""
 
-    def __init__(self, kind: str, env_fn: Callable[[], Any], num_envs: int, policy: Any, seed: int = 0):
+    def __init__(self, kind: str, env_fn: Callable[[], Any] | None, num_envs: int, policy: Any, seed: int = 0,
+                 envpool_task: str | None = None, warmup_steps: int = 0, start_method: str = "fork"):
         self.kind, self.n, self.policy = kind, num_envs, policy
+        self.batch = num_envs
+        self.settings: dict[str, Any] = {"num_envs": num_envs}
         if kind == "dummy":
             from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -33,32 +59,115 @@ class PeerRunner:
         elif kind == "subproc":
             from stable_baselines3.common.vec_env import SubprocVecEnv
 
-            self.env = SubprocVecEnv([env_fn] * num_envs, start_method="forkserver")
+            # SB3's own default is forkserver, whose workers each import torch and SB3 (seconds
+            # each on 2 cores, a minute for 16 on a busy machine); the start method changes
+            # only the start-up, which is not timed, so the suite forks.
+            self.env = SubprocVecEnv([env_fn] * num_envs, start_method=start_method)
+            self.settings["start_method"] = start_method
         elif kind == "async":
             import gymnasium as gym
 
             self.env = gym.vector.AsyncVectorEnv([env_fn] * num_envs, shared_memory=True)
+            self.settings["shared_memory"] = True
+        elif kind in ("envpool", "envpool_async"):
+            import envpool
+
+            if envpool_task is None:
+                raise ValueError(f"peer {kind!r} needs envpool_task")
+            if kind == "envpool_async":
+                self.batch = max(1, num_envs // 2)
+            threads = min(_cores(), num_envs)
+            self.env = envpool.make_gymnasium(envpool_task, num_envs=num_envs, batch_size=self.batch,
+                                              num_threads=threads, seed=seed)
+            self.settings.update(task=envpool_task, batch_size=self.batch, num_threads=threads)
         else:
             raise ValueError(f"unknown peer {kind!r}; choose one of {PEERS}")
-        if kind == "async":
-            self.obs, _ = self.env.reset(seed=seed)
+        if kind == "envpool_async":
+            self.env.async_reset()
+            self.obs, self.ids = None, None
+        elif kind in ("async", "envpool"):
+            self.obs, _ = self.env.reset(seed=seed) if kind == "async" else self.env.reset()
         else:
             self.env.seed(seed)
             self.obs = self.env.reset()
         self.rng = np.random.default_rng(seed)
+        if warmup_steps:
+            self.run(warmup_steps)
+
+    def _act(self, obs: Any, n: int) -> np.ndarray:
+        k = getattr(self.policy, "noise_dim", 0)
+        actions, _ = self.policy.act(np.asarray(obs), self.rng.random((n, k), dtype=np.float32))
+        return actions
 
     def run(self, num_steps: int) -> float:
-        """Collect ``num_steps`` rows; return env steps per second."""
-        k = getattr(self.policy, "noise_dim", 0)
+        """Collect ``num_steps`` rows of ``num_envs`` env steps; return env steps per second."""
         t0 = time.perf_counter()
-        for _ in range(num_steps):
-            noise = self.rng.random((self.n, k), dtype=np.float32)
-            actions, _ = self.policy.act(np.asarray(self.obs), noise)
-            if self.kind == "async":
-                self.obs, *_ = self.env.step(actions)
-            else:
-                self.obs, *_ = self.env.step(actions)
-        return num_steps * self.n / (time.perf_counter() - t0)
+        if self.kind == "envpool_async":
+            for _ in range(num_steps * self.n // self.batch):
+                obs, _, _, _, info = self.env.recv()  # the first `batch` envs to finish
+                self.env.send(self._act(obs, len(obs)), info["env_id"])
+            steps = num_steps * self.n // self.batch * self.batch
+        else:
+            for _ in range(num_steps):
+                self.obs, *_ = self.env.step(self._act(self.obs, self.n))
+            steps = num_steps * self.n
+        return steps / (time.perf_counter() - t0)
 
     def close(self) -> None:
         self.env.close()
+
+
+class AuturiRunner:
+    """An Auturi ``shm`` executor with a fixed ``config``; ``run`` is one ``collect``.
+
+    ``env`` is what :func:`auturi.make_executor` takes (a factory or an id)."""
+
+    kind = "auturi"
+
+    def __init__(self, env: Any, policy: Any, num_envs: int, config: Any, seed: int = 0, warmup_steps: int = 16):
+        import auturi
+
+        self.config = config
+        self.ex = auturi.make_executor(env, policy, num_envs, config=config, backend="shm", seed=seed)
+        if warmup_steps:
+            self.ex.collect(warmup_steps)  # workers started, envs reset, first-touch faults paid
+
+    def run(self, num_steps: int) -> float:
+        r = self.ex.collect(num_steps)
+        return r.stats.steps / r.stats.seconds
+
+    def close(self) -> None:
+        self.ex.close()
+
+
+def workload_env_fn(workload: Any) -> Callable[[], Any]:
+    """A zero-argument factory of one gymnasium env of ``workload`` (an EnvPool id becomes a
+    one-env :class:`auturi.adapters.envpool.EnvPoolEnv`), for the gymnasium/SB3 peers."""
+    from auturi.envs import resolve_env_fns
+
+    return resolve_env_fns(workload.make_env(), 1)[0]
+
+
+def peer_unavailable(kind: str, workload: Any) -> str | None:
+    """Why ``kind`` cannot run ``workload`` here, or None when it can."""
+    import importlib.util
+
+    if kind in ("envpool", "envpool_async"):
+        if importlib.util.find_spec("envpool") is None:
+            return "envpool is not installed (pip install envpool)"
+        if not workload.envpool_task:
+            return f"EnvPool has no {workload.env_id}"
+    if kind.startswith("rllib") and importlib.util.find_spec("ray") is None:
+        return "ray[rllib] is not installed (pip install 'ray[rllib]')"
+    return None
+
+
+def make_workload_peer(kind: str, workload: Any, warmup_steps: int = 0, **kw: Any) -> Any:
+    """A runner of ``kind`` (one of :data:`PEERS`, or ``rllib``) on ``workload``, with a fresh
+    copy of the workload's policy. ``kw`` goes to :class:`bench.rllib_peer.RLlibRunner`."""
+    if kind.startswith("rllib"):
+        from bench.rllib_peer import RLlibRunner
+
+        return RLlibRunner(workload, warmup_steps=warmup_steps, **kw)
+    return PeerRunner(kind, workload_env_fn(workload), workload.num_envs, workload.make_policy(),
+                      envpool_task=workload.envpool_task, warmup_steps=warmup_steps)

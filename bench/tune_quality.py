@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from bench.common import machine_header, median_spread
+from bench.common import interleave, machine_header, median_spread
 
 
 def tune(workload, strategy: str, **kw):
@@ -31,32 +31,22 @@ def tune(workload, strategy: str, **kw):
         ex.close()
 
 
-def final_round(workload, configs: dict, rounds: int) -> dict:
-    """Re-measure the chosen configs and the peers, interleaved, on fresh executors."""
-    from bench.peers import PeerRunner
+def final_round(workload, configs: dict, rounds: int, peers=("dummy", "subproc"), progress=None) -> dict:
+    """Re-measure the chosen configs and the peers, interleaved, on fresh executors.
+    Returns ``(median, spread, samples)`` by name."""
+    from bench.peers import AuturiRunner, make_workload_peer
 
-    samples: dict[str, list[float]] = {k: [] for k in list(configs) + ["dummy", "subproc"]}
-    execs = {}
-    for name, cfg in configs.items():
-        ex = workload.make_executor(backend="shm", config=cfg)
-        ex.collect(workload.num_steps)  # warm-up
-        execs[name] = ex
-    env = workload.make_env()
-    env_fn = env if callable(env) else (lambda: __import__("gymnasium").make(env))
-    peers = {k: PeerRunner(k, env_fn, workload.num_envs, workload.make_policy()) for k in ("dummy", "subproc")}
+    runners: dict = {}
     try:
-        for p in peers.values():
-            p.run(workload.num_steps // 4)
-        for _ in range(rounds):
-            for name, ex in execs.items():
-                samples[name].append(ex.collect(workload.num_steps).stats.steps_per_second)
-            for name, p in peers.items():
-                samples[name].append(p.run(workload.num_steps))
+        for name, cfg in configs.items():
+            runners[name] = AuturiRunner(workload.make_env(), workload.make_policy(), workload.num_envs, cfg,
+                                         warmup_steps=workload.num_steps)
+        for k in peers:
+            runners[k] = make_workload_peer(k, workload, warmup_steps=workload.num_steps // 4)
+        samples = interleave(runners, rounds, lambda name, r: r.run(workload.num_steps), progress)
     finally:
-        for ex in execs.values():
-            ex.close()
-        for p in peers.values():
-            p.close()
+        for r in runners.values():
+            r.close()
     return {k: median_spread(v) + (v,) for k, v in samples.items()}
 
 

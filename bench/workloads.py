@@ -143,6 +143,8 @@ class Workload:
     """Modules that must be importable."""
     install: str = ""
     """What to run when they are not."""
+    envpool_task: str | None = None
+    """The same simulator's EnvPool task id, for the EnvPool peer (None: EnvPool has none)."""
 
     def check(self) -> None:
         """Raise :class:`WorkloadUnavailable` if the simulator is not installed."""
@@ -191,15 +193,15 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w for w in [
         Workload("cartpole", "CartPole-v1 with an MLP: a cheap env where IPC costs more than stepping",
                  "CartPole-v1", 16, 128, make_cartpole,
-                 functools.partial(mlp_policy, 4, gym.spaces.Discrete(2))),
+                 functools.partial(mlp_policy, 4, gym.spaces.Discrete(2)), envpool_task="CartPole-v1"),
         Workload("halfcheetah", "MuJoCo HalfCheetah-v5 with a Gaussian MLP: a moderate CPU-bound simulator",
                  "HalfCheetah-v5", 8, 256, make_halfcheetah,
                  functools.partial(mlp_policy, 17, gym.spaces.Box(-1.0, 1.0, (6,), np.float32)),
-                 requires=("mujoco",), install='pip install "gymnasium[mujoco]"'),
+                 requires=("mujoco",), install='pip install "gymnasium[mujoco]"', envpool_task="HalfCheetah-v5"),
         Workload("pong", "Atari Pong (4x84x84 uint8 frames) with the Nature CNN: inference-heavy",
                  "Pong-v5", 8, 128, _PONG_ENV, functools.partial(cnn_policy, 4, gym.spaces.Discrete(6)),
                  requires=("envpool",) if isinstance(_PONG_ENV, str) else ("ale_py",),
-                 install='pip install envpool (or pip install "gymnasium[atari]" for ale-py)'),
+                 install='pip install envpool (or pip install "gymnasium[atari]" for ale-py)', envpool_task="Pong-v5"),
         Workload("slow", "SlowEnv: ~1 ms spent waiting per step, like a remote simulator",
                  "auturi.envs.SlowEnv", 16, 64, make_slow,
                  functools.partial(mlp_policy, 4, gym.spaces.Discrete(3))),
