@@ -103,6 +103,12 @@ class Config:
         pols = self.policies_per_actor if self.policies_per_actor > 1 else 0
         return actors + self.num_actors * (envs + pols)
 
+    @property
+    def processes_per_actor(self) -> int:
+        """Processes one actor runs when it is its own process (as on the ``ray`` backend):
+        itself, ``degree - 1`` env workers, and its replicas when there is more than one."""
+        return self.env_parallel_degree + (self.policies_per_actor if self.policies_per_actor > 1 else 0)
+
     def actor_env_ids(self, actor: int) -> range:
         """Global ids of the envs actor ``actor`` owns."""
         return range(actor * self.envs_per_actor, (actor + 1) * self.envs_per_actor)

@@ -80,3 +80,22 @@ class TorchProbeEnv(CountingEnv):
         info["torch_loaded"] = "torch" in sys.modules
         info["pid"] = os.getpid()
         return obs, r, te, tr, info
+
+
+class BlockingEnv(CountingEnv):
+    """At step ``block_step``, outside the caller's process, writes ``<directory>/<pid>`` and
+    then blocks reading the FIFO ``<directory>/fifo`` (made by the test): a step that never
+    ends, until its process is killed."""
+
+    def __init__(self, directory: str, block_step: int, main_pid: int):
+        super().__init__()
+        self.directory, self.block_step, self.main_pid, self._n = directory, block_step, main_pid, 0
+
+    def step(self, action):
+        self._n += 1
+        if self._n == self.block_step and os.getpid() != self.main_pid:
+            with open(os.path.join(self.directory, str(os.getpid())), "w"):
+                pass
+            with open(os.path.join(self.directory, "fifo")) as f:  # blocks: nobody writes
+                f.read()
+        return super().step(action)

@@ -114,3 +114,29 @@ def test_neighbours_are_one_step_away_and_in_the_space():
     assert Config(envs_per_actor=16, env_parallel_degree=4, policies_per_actor=2, policy_batch_size=8) in near
     assert any(n.num_actors == 2 for n in near)  # the next actor count
     assert all(n.num_actors in (1, 2) for n in near)
+
+
+def test_space_on_a_ray_cluster_bounds_actors_by_node_cpus():
+    """With a cluster, the core budget is its total CPUs and an actor's processes must fit
+    on one node: 2 nodes of 4 CPUs hold actors of at most 4 processes, 2 per node at 2."""
+    from auturi.executor.ray_backend import ClusterResources
+
+    cluster = ClusterResources(node_cpus=(4, 4), node_gpus=(0, 0))
+    s = build_space(8, devices=["cpu"], cluster=cluster)
+    assert s.cores == 8
+    assert s.configs and all(c.processes_per_actor <= 4 for c in s.configs)
+    assert all(sum(n // c.processes_per_actor for n in cluster.node_cpus) >= c.num_actors for c in s.configs)
+    big = Config(num_actors=1, envs_per_actor=8, env_parallel_degree=8)  # 8 processes: no node has 8 CPUs
+    assert big not in s and "largest node has 4 CPUs" in s.reason_pruned(big)
+    small = Config(num_actors=4, envs_per_actor=2, env_parallel_degree=2)  # 2 CPUs each: 2 per node fit
+    assert small in s
+    crowded = Config(num_actors=4, envs_per_actor=2, env_parallel_degree=1, policies_per_actor=2,
+                     policy_batch_size=1)  # 3 CPUs each: one per node, so 2 of 4 fit
+    assert "2 fit" in s.reason_pruned(crowded)
+    # the same space without a cluster, on 8 local cores, keeps the 8-process config
+    assert big in build_space(8, cores=8, devices=["cpu"])
+    # a CUDA policy needs a GPU per actor in the cluster
+    gpu = build_space(4, cluster=ClusterResources(node_cpus=(8,), node_gpus=(1,)))
+    assert "cuda" in gpu.devices
+    assert Config(num_actors=1, envs_per_actor=4, policy_device="cuda") in gpu
+    assert "do not fit" in gpu.reason_pruned(Config(num_actors=2, envs_per_actor=2, policy_device="cuda"))

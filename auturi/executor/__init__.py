@@ -8,13 +8,15 @@ from auturi.envs import EnvLike
 from auturi.executor.base import Executor
 from auturi.policy import Policy
 
-BACKENDS = ("serial", "shm")
+BACKENDS = ("serial", "shm", "ray")
 
 
 def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, config: Config | None = None,
                   *, backend: str = "shm", seed: int = 0, **kwargs: Any) -> Executor:
     """Build an executor. ``backend`` is ``"shm"`` (processes and shared memory, the
-    default) or ``"serial"`` (everything in this process)."""
+    default), ``"serial"`` (everything in this process) or ``"ray"`` (one Ray actor per
+    actor, on a Ray cluster; ``address=`` picks the cluster, see
+    :mod:`auturi.executor.ray_backend`)."""
     if backend == "serial":
         from auturi.executor.serial import SerialExecutor
 
@@ -23,6 +25,10 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
         from auturi.executor.shm import ShmExecutor
 
         return ShmExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
+    if backend == "ray":
+        from auturi.executor.ray_backend import RayExecutor  # imports ray only when used
+
+        return RayExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 

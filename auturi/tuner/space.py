@@ -28,8 +28,12 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from auturi.config import Config
+
+if TYPE_CHECKING:
+    from auturi.executor.ray_backend import ClusterResources
 
 #: A config with more processes than this many times the usable cores is pruned: beyond it
 #: the processes only time-slice, and start-up alone costs seconds per trial.
@@ -217,8 +221,16 @@ def config_problem(config: Config, cores: int, cuda_count: int | None = None) ->
     return None
 
 
+def ray_cluster_resources() -> "ClusterResources":
+    """The connected Ray cluster's CPUs and GPUs per node, for ``build_space(cluster=...)``."""
+    from auturi.executor.ray_backend import ray_cluster_resources as resources
+
+    return resources()
+
+
 def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[str] | None = None,
-                num_envs_options: Iterable[int] | None = None) -> SearchSpace:
+                num_envs_options: Iterable[int] | None = None,
+                cluster: "ClusterResources | None" = None) -> SearchSpace:
     """Every valid config for ``num_envs`` envs on this machine.
 
     Args:
@@ -228,6 +240,10 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
             available). A CUDA device that does not exist is pruned with its reason.
         num_envs_options: opt in to other totals (e.g. ``range(8, 33, 8)``): this changes
             the learning algorithm, so it is never the default. ``num_envs`` is always kept.
+        cluster: for the ``ray`` backend, the cluster's nodes (:func:`ray_cluster_resources`):
+            the core budget is then the cluster's total CPUs (unless ``cores`` is given), the
+            GPUs are the cluster's, and a config whose actors do not fit the nodes (an actor
+            runs all its processes on one node, one CPU each) is pruned with the reason.
 
     Raises:
         ValueError: a total is not a positive integer.
@@ -235,9 +251,14 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
     totals = sorted({int(num_envs), *(int(n) for n in (num_envs_options or ()))})
     if totals[0] < 1:
         raise ValueError(f"totals of envs must be >= 1, got {totals}")
-    cores = int(cores or usable_cores())
-    devs = tuple(devices) if devices is not None else tuple(available_devices())
-    cuda_count = _cuda_device_count() if any(d != "cpu" for d in devs) else 0
+    if cluster is None:
+        cores = int(cores or usable_cores())
+        devs = tuple(devices) if devices is not None else tuple(available_devices())
+        cuda_count = _cuda_device_count() if any(d != "cpu" for d in devs) else 0
+    else:
+        cores = int(cores or cluster.total_cpus)
+        cuda_count = cluster.total_gpus
+        devs = tuple(devices) if devices is not None else ("cpu",) + (("cuda",) if cuda_count else ())
     configs: list[Config] = []
     pruned: list[Pruned] = []
     for n in totals:
@@ -250,6 +271,7 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
                         for dev in devs:
                             c = Config(num_actors=a, envs_per_actor=e, env_parallel_degree=d,
                                        policies_per_actor=p, policy_device=dev, policy_batch_size=b)
-                            why = config_problem(c, cores, cuda_count)
+                            why = (cluster.problem(c) if cluster is not None else None) or \
+                                config_problem(c, cores, cuda_count)
                             (pruned.append((c, why)) if why else configs.append(c))
     return SearchSpace(totals=tuple(totals), cores=cores, devices=devs, configs=configs, pruned=pruned)

@@ -1,0 +1,247 @@
+"""The ``ray`` backend against a real Ray instance: two nodes on this machine (Ray's own
+cluster utilities), started once for the module.
+
+The data contract (the serial rollout, bit for bit) on multi-actor layouts spread over both
+nodes, across collects, a num_steps change, a weight update and a reconfigure; the failure
+policy (an actor killed or raising mid-collect is a WorkerError, nothing hangs, nothing is
+left behind); and the connection errors. Besides the conftest's checks (which see our
+processes inside Ray actors, but not Ray's own daemons), every test checks that the
+processes started inside Ray actors ended and their shared-memory segments are gone.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from auturi import AuturiError, Config, ConfigError, WorkerError, make_executor
+from tests.helpers import BlockingEnv, ObsHashPolicy, WorkerOnlyFaultyEnv
+from tests.test_executor_contract import N, assert_same, counting, ids, run
+
+ray = pytest.importorskip("ray")
+
+TRACKED: set[int] = set()  # pids of Ray actors and of every process they started
+DEADLINE = 30.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_nodes():
+    """A head node and a second node, each with 8 logical CPUs (Ray only counts them; the
+    machine has 2 cores) and a custom resource naming it."""
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    small = {"object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 8, "resources": {"node_a": 1}, "include_dashboard": False, **small})
+    cluster.add_node(num_cpus=8, resources={"node_b": 1}, **small)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _segments_of(pids: set[int]) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith("auturi_") and int(n.split("_")[1]) in pids]
+
+
+@pytest.fixture(autouse=True)
+def ray_actors_leave_nothing():
+    """After each test: every tracked process has ended and left no segment (polled with a
+    deadline: a killed actor's children notice their parent is gone within about a second)."""
+    yield
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        left, segs = [p for p in TRACKED if _alive(p)], _segments_of(TRACKED)
+        if not left and not segs:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes of Ray actors still running: {left}"
+    assert not segs, f"segments of Ray actors left in /dev/shm: {segs}"
+
+
+def track(ex) -> list[list[int]]:
+    """Remember the executor's actors and the processes inside them; returns the latter."""
+    kids = ray.get([a.handle.child_pids.remote() for a in ex._actors], timeout=DEADLINE)
+    TRACKED.update(ex.actor_pids, *kids)
+    return kids
+
+
+def node_labels(ex) -> list[str]:
+    """Which test node ("node_a" or "node_b") each actor runs on."""
+    label = {n["NodeID"]: next(k for k in ("node_a", "node_b") if k in n["Resources"])
+             for n in ray.nodes() if n["Alive"]}
+    return [label[node] for node in ex.actor_nodes]
+
+
+def ray_executor(env_fn, config, **kw):
+    space = (env_fn[0] if isinstance(env_fn, list) else env_fn)().action_space
+    ex = make_executor(env_fn, ObsHashPolicy(space), num_envs=N, config=config, backend="ray", seed=3, **kw)
+    track(ex)
+    return ex
+
+
+@pytest.fixture(scope="module")
+def serial_reference():
+    return run("serial", Config.serial(N))
+
+
+# ------------------------------------------------------------------------------ data
+@pytest.mark.parametrize("config", [
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=4, envs_per_actor=1),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2),
+], ids=ids)
+def test_ray_gives_the_serial_rollout_with_actors_on_both_nodes(config, serial_reference):
+    """Three collects whose episodes end mid-rollout and continue, bit for bit."""
+    with ray_executor(counting(), config) as ex:
+        got = [ex.collect(s) for s in (7, 7, 5)]
+        nodes = node_labels(ex)
+    assert_same(got, serial_reference)
+    assert len(nodes) == config.num_actors
+    if config.num_actors > 1:  # the placement group spread the actors over both nodes
+        assert set(nodes) == {"node_a", "node_b"}
+
+
+def test_num_steps_change_weight_update_and_reconfigure_match_shm():
+    """num_steps changes, a weight update reaches every actor's replicas from the first step,
+    and a reconfigure recreates the envs as shm does (next generation, new episodes)."""
+    env_fn = counting(max_len=50)
+    first = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+    second = Config(num_actors=4, envs_per_actor=1)
+
+    def script(ex):
+        out = [ex.collect(3), ex.collect(9)]
+        ex.set_policy_state({"w": np.array(1e6)})
+        out.append(ex.collect(4))
+        ex.reconfigure(second)
+        if ex.backend == "ray":
+            track(ex)
+        out.append(ex.collect(3))
+        return out
+
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=first, backend="shm",
+                       seed=3) as ex:
+        ref = script(ex)
+    with ray_executor(env_fn, first) as ex:
+        got = script(ex)
+        assert set(node_labels(ex)) == {"node_a", "node_b"}
+    assert_same(got, ref)
+    assert (got[1].extras["values"] < 1e5).all() and (got[2].extras["values"] > 1e5).all()
+    assert got[3].episode_starts[0].all()  # the envs were recreated: new episodes
+    assert not np.array_equal(got[3].observations[0], got[2].last_observations)
+
+
+# ------------------------------------------------------------------------------ faults
+def test_killing_a_ray_actor_mid_collect_is_a_worker_error_and_leaves_nothing(tmp_path):
+    """Env 1 blocks in actor 0's env worker, env 2 in actor 1's own process; actor 1 is
+    killed from outside while both block. The collect raises WorkerError naming actor 1 and
+    its node; closing aborts actor 0's blocked collect; every process inside both ends."""
+    os.mkfifo(tmp_path / "fifo")
+    plain = counting()
+    blocking = functools.partial(BlockingEnv, str(tmp_path), 3, os.getpid())
+    config = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
+    ex = ray_executor([plain, blocking, blocking, plain], config)
+    victim = ex._actors[1]
+    inside = track(ex)
+    assert len(inside[0]) >= 1  # actor 0 runs an env worker (and multiprocessing's helpers)
+
+    def kill_when_blocked():
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline and str(victim.pid) not in os.listdir(tmp_path):
+            time.sleep(0.05)
+        ray.kill(victim.handle)
+
+    killer = threading.Thread(target=kill_when_blocked, daemon=True)
+    killer.start()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as e:
+        ex.collect(10)
+    killer.join(DEADLINE)
+    assert time.monotonic() - t0 < 2 * DEADLINE  # bounded, not a hang (a generous bound)
+    err = e.value
+    assert err.worker.startswith("ray actor 1 (envs 2-3)") and victim.node[:12] in err.worker
+    assert "died" in err.reason and err.config == config
+    assert len([n for n in os.listdir(tmp_path) if n.isdigit()]) == 2  # both envs really blocked
+    with pytest.raises(AuturiError, match="closed"):
+        ex.collect(2)
+
+
+def test_env_exception_in_a_ray_actor_carries_the_remote_traceback():
+    env_fn = functools.partial(WorkerOnlyFaultyEnv, main_pid=os.getpid(), fail_step=4)
+    config = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
+    ex = ray_executor(env_fn, config)
+    with pytest.raises(WorkerError) as e:
+        ex.collect(6)
+    err = e.value
+    assert err.worker.startswith("ray actor") and "on node" in err.worker
+    assert "FaultyEnv: step 4 fails on purpose" in err.traceback and err.config == config
+    with pytest.raises(AuturiError, match="closed"):
+        ex.collect(2)
+
+
+def test_a_config_no_node_can_hold_is_a_config_error():
+    env_fn = counting()
+    with pytest.raises(ConfigError, match="largest node has 8 CPUs"):
+        make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=16, backend="ray",
+                      config=Config(num_actors=1, envs_per_actor=16, env_parallel_degree=16))
+    with pytest.raises(ConfigError, match="no GPU in the Ray cluster"):
+        make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, backend="ray",
+                      config=Config(num_actors=2, envs_per_actor=2, policy_device="cuda"))
+
+
+# ------------------------------------------------------------------------------ connecting
+def test_a_second_cluster_address_in_one_process_is_refused():
+    env_fn = counting()
+    with pytest.raises(AuturiError, match="already connected"):
+        make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, backend="ray",
+                      address="127.0.0.1:1")
+
+
+CONNECT_SCRIPT = textwrap.dedent("""
+    import os, ray
+    from auturi import AuturiError, Config, make_executor
+    from auturi.envs import CountingEnv
+    from tests.helpers import ObsHashPolicy
+    os.environ.pop("RAY_ADDRESS", None)
+    pol = ObsHashPolicy(CountingEnv().action_space)
+    try:
+        make_executor(CountingEnv, pol, num_envs=2, backend="ray", address="127.0.0.1:1")
+    except AuturiError as e:
+        print("ERROR:", str(e).replace("\\n", " "))
+    print("initialized after the error:", ray.is_initialized())
+    with make_executor(CountingEnv, pol, num_envs=2, backend="ray", config=Config(num_actors=2)) as ex:
+        print("local:", ex.collect(3).observations.shape, ray.is_initialized())
+    print("after close:", ray.is_initialized())
+""")
+
+
+def test_unreachable_address_then_a_local_instance_started_and_shut_down():
+    """In a fresh process: an address nobody listens on fails at once, naming it and the
+    fix; address=None then starts a local instance, which close() shuts down."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", CONNECT_SCRIPT], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ERROR:") and "'127.0.0.1:1'" in lines[0] and "ray start --head" in lines[0]
+    assert "address=None" in lines[0]
+    assert lines[1:] == ["initialized after the error: False", "local: (3, 2, 4) True", "after close: False"]
