@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import psutil
@@ -129,17 +130,35 @@ CTRL_C_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_leaves_nothing_behind():
+def _descendants(pid: int) -> list[int]:
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_leave_nothing_behind(sig):
+    """Ctrl-C, or a plain ``kill``: no worker, forkserver or resource tracker outlives the
+    script, and no segment or named semaphore stays in /dev/shm."""
+    sems_before = {f for f in os.listdir("/dev/shm") if f.startswith("sem.")}
     p = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     pids = [int(x) for x in p.stdout.readline().split()]
     assert p.stdout.readline().strip() == "collecting"  # the script is inside collect now
-    p.send_signal(signal.SIGINT)
+    pids += _descendants(p.pid)  # the forkservers and the resource tracker too
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode != 0 and "KeyboardInterrupt" in err
-    alive = [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], f"orphans after Ctrl-C: {alive}"
+    if sig == signal.SIGINT:
+        assert p.returncode != 0 and "KeyboardInterrupt" in err
+    else:
+        assert p.returncode == 128 + signal.SIGTERM, err
+    deadline = time.monotonic() + 10  # daemons notice their parent's exit on their own
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    assert alive == [], f"orphans after {sig.name}: {alive}"
     assert our_segments(p.pid) == set()
+    sems_after = {f for f in os.listdir("/dev/shm") if f.startswith("sem.")}
+    assert not (sems_after - sems_before), "named semaphores left behind"
 
 
 NO_MAIN_GUARD = textwrap.dedent("""
