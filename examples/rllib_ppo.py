@@ -48,5 +48,5 @@ def main() -> None:
         ray.shutdown()
 
 
-if __name__ == "__main__":   # required: workers start with forkserver, which imports __main__
+if __name__ == "__main__":   # good practice; Auturi's workers never re-run this script
     main()

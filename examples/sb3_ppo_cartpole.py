@@ -44,5 +44,5 @@ def main() -> None:
         unwrap_sb3(model)   # ends the workers now (they also end at exit)
 
 
-if __name__ == "__main__":   # required: workers start with forkserver, which imports __main__
+if __name__ == "__main__":   # good practice; Auturi's workers never re-run this script
     main()

@@ -82,6 +82,22 @@ class TorchProbeEnv(CountingEnv):
         return obs, r, te, tr, info
 
 
+class ModuleProbeEnv(CountingEnv):
+    """At each step writes ``<directory>/<pid>``: ``1`` if ``module`` is loaded in the process
+    stepping it, else ``0``."""
+
+    def __init__(self, module: str, directory: str):
+        super().__init__()
+        self.module, self.directory = module, directory
+
+    def step(self, action):
+        import sys
+
+        with open(os.path.join(self.directory, str(os.getpid())), "w") as f:
+            f.write("1" if self.module in sys.modules else "0")
+        return super().step(action)
+
+
 class BlockingEnv(CountingEnv):
     """At step ``block_step``, outside the caller's process, writes ``<directory>/<pid>`` and
     then blocks reading the FIFO ``<directory>/fifo`` (made by the test): a step that never

@@ -168,22 +168,55 @@ NO_MAIN_GUARD = textwrap.dedent("""
     from tests.helpers import ObsHashPolicy
     print(os.getpid(), flush=True)
     env_fn = functools.partial(CountingEnv)
-    make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4,
-                  config=Config(envs_per_actor=4, env_parallel_degree=2), backend="shm")
+    ex = make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4,
+                       config=Config(envs_per_actor=4, env_parallel_degree=2), backend="shm")
 """)
 
 
-def test_script_without_main_guard_fails_cleanly(tmp_path):
-    """forkserver re-imports __main__: an unguarded script must fail with the guard's hint
-    and leave no segment behind, not hang."""
+def test_script_without_main_guard_runs_once_and_cleans_up(tmp_path):
+    """Workers do not re-import the caller's ``__main__`` (env factories and policies travel
+    cloudpickled), so a script without the guard is not re-run in every worker: it runs
+    once, collects, and leaves no segment behind."""
     script = tmp_path / "noguard.py"
-    script.write_text(NO_MAIN_GUARD)
+    script.write_text(NO_MAIN_GUARD + "print(ex.collect(3).observations.shape, flush=True)\n")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode != 0
-    assert "__main__" in out.stderr
-    pid = int(out.stdout.split()[0])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    pid = int(lines[0])
+    assert lines[1] == "(3, 4, 4)" and sum(1 for ln in lines if ln.strip().isdigit()) == 1  # ran once
     assert our_segments(pid) == set()
+
+
+def test_workers_do_not_import_the_callers_main_module(tmp_path):
+    """A training script importing heavy modules at the top must not make every env worker
+    import them (forkserver and spawn re-import ``__main__`` by default)."""
+    script = tmp_path / "heavy_main.py"
+    script.write_text(textwrap.dedent("""
+        import functools, os, sys
+        import xml.dom.minidom  # stands for torch or SB3, imported at the top of a training script
+        from auturi import Config, make_executor
+        from tests.helpers import ModuleProbeEnv, ObsHashPolicy
+
+        if __name__ == "__main__":
+            env_fn = functools.partial(ModuleProbeEnv, "xml.dom.minidom", sys.argv[1])
+            ex = make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4,
+                               config=Config(envs_per_actor=4, env_parallel_degree=4), backend="shm")
+            ex.collect(2)
+            ex.close()
+            print(os.getpid(), flush=True)
+    """))
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, str(script), str(probes)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    main_pid = out.stdout.split()[-1]
+    seen = {p.name: p.read_text() for p in probes.iterdir()}
+    workers = {pid: v for pid, v in seen.items() if pid != main_pid}
+    assert seen[main_pid] == "1" and len(workers) == 3  # the caller steps one share, 3 env workers the rest
+    assert set(workers.values()) == {"0"}, workers
 
 
 def test_env_workers_do_not_import_torch():

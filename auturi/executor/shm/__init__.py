@@ -16,9 +16,11 @@ from __future__ import annotations
 import atexit
 import multiprocessing as mp
 import multiprocessing.connection
+import multiprocessing.spawn as mp_spawn
 import os
 import signal
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -46,6 +48,39 @@ def get_context(start_method: str | None = None) -> mp.context.BaseContext:
     if method == "forkserver":
         ctx.set_forkserver_preload(_PRELOAD)
     return ctx
+
+
+_starting = threading.local()
+
+
+def _preparation_data(name: str) -> dict:
+    """``multiprocessing.spawn.get_preparation_data``, less the caller's ``__main__`` for
+    the processes Auturi starts (while ``_starting.ours`` is set in this thread).
+
+    By default every forkserver or spawn child re-imports the caller's main module: a
+    training script that imports torch or SB3 at the top made each env worker import them
+    too (~0.7 s per worker here, so a reconfigure to 6 env workers took 4 s, and env
+    workers carried torch). Our children need nothing from ``__main__``: env factories and
+    policies travel cloudpickled (by value when defined there) and the entry point is
+    ``worker.worker_main``. A side effect users will like: a script without an
+    ``if __name__ == "__main__":`` guard no longer re-runs in every worker."""
+    data = _stdlib_preparation_data(name)
+    if getattr(_starting, "ours", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+_stdlib_preparation_data = mp_spawn.get_preparation_data
+mp_spawn.get_preparation_data = _preparation_data  # popen_forkserver/popen_spawn_posix look it up per call
+
+
+def _start_without_main(proc: Any) -> None:
+    _starting.ours = True
+    try:
+        proc.start()
+    finally:
+        _starting.ours = False
 
 
 def _usable_cores_set() -> set[int]:
@@ -178,7 +213,7 @@ class ShmExecutor(Executor):
                       self.spec, self.num_envs, info, child_conn))
             if proc_cls is self._torch_process:
                 s.proc.preload = self._preload  # type: ignore[attr-defined]
-            s.proc.start()
+            _start_without_main(s.proc)
             if child_conn is not None:
                 child_conn.close()
 
