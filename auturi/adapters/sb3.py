@@ -266,6 +266,11 @@ class SB3PolicyAdapter:
     ``log_probs``.
     """
 
+    # Imported once in the forkserver replicas fork from, not in each replica process.
+    # Building an SB3 policy makes an Adam optimizer, whose first use imports torch._dynamo
+    # (~1.2 s, 800 modules): also done once there.
+    preload_modules = ("stable_baselines3.common.policies", "torch.optim", "torch._dynamo")
+
     def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
                  policy_kwargs: Mapping[str, Any], distribution: str, *, learning_rate: float = 0.0,
                  deterministic: bool = False, normalize: Mapping[str, float] | None = None,
