@@ -231,6 +231,15 @@ def _apply_layer(env: gym.Env, layer: tuple) -> gym.Env:
 
 
 # ============================================================================ policy side
+class _NoOptimizer:
+    """Stands in for SB3's optimizer in the adapter's copies of the network, which never
+    train: building Adam imports torch._dynamo on first use (~1.3 s and 800 modules, in each
+    replica process, or in the forkserver they fork from)."""
+
+    def __init__(self, params: Any, **kwargs: Any):
+        pass
+
+
 class _ConstantSchedule:
     """A picklable learning-rate schedule (replicas never train; the optimizer SB3 builds
     needs one)."""
@@ -267,9 +276,7 @@ class SB3PolicyAdapter:
     """
 
     # Imported once in the forkserver replicas fork from, not in each replica process.
-    # Building an SB3 policy makes an Adam optimizer, whose first use imports torch._dynamo
-    # (~1.2 s, 800 modules): also done once there.
-    preload_modules = ("stable_baselines3.common.policies", "torch.optim", "torch._dynamo")
+    preload_modules = ("stable_baselines3.common.policies",)
 
     def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
                  policy_kwargs: Mapping[str, Any], distribution: str, *, learning_rate: float = 0.0,
@@ -316,7 +323,8 @@ class SB3PolicyAdapter:
             policy_class, obs_space, act_space, kwargs, lr = cloudpickle.loads(self._blob)
             # Building draws initial weights: keep the caller's torch RNG stream untouched.
             with torch.random.fork_rng(devices=[]):
-                net = policy_class(obs_space, act_space, _ConstantSchedule(lr), **kwargs)
+                net = policy_class(obs_space, act_space, _ConstantSchedule(lr),
+                                   **{**kwargs, "optimizer_class": _NoOptimizer})
             net.set_training_mode(False)
             self._net = net.to(torch.device(self.device))
         return self._net
