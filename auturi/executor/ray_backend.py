@@ -269,6 +269,13 @@ class RayActorHost:
         ex, self.ex = self.ex, None
         if ex is not None:
             ex.close()
+            # Its named semaphores are unlinked when their objects are collected; the caller
+            # ray.kill()s this process next, which runs no finalizer (and ends its resource
+            # tracker too), so collect them now (measured: 57 leaked per test module).
+            del ex
+            import gc
+
+            gc.collect()
 
     def __del__(self) -> None:
         try:

@@ -347,6 +347,7 @@ class ShmExecutor(Executor):
         The unlinking runs whatever happened before it."""
         slots, self._slots = self._slots, []
         self._actor_lanes = []
+        self._main_waiter = None  # drops the last references to this layout's semaphores
         try:
             if self._host is not None:
                 host, self._host = self._host, None
