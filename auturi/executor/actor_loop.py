@@ -66,7 +66,9 @@ class ActorLoop:
 
     ``wait`` blocks until at least one remote lane has finished and returns those lanes
     (it raises :class:`auturi.WorkerError` on a failure); it is only called while some
-    remote lane is busy.
+    remote lane is busy. ``row_group(remote_env_lanes)`` (needed when there are remote env
+    lanes) makes the object the lockstep loop posts a row to and awaits (``step_row(t)``,
+    ``wait()``).
     """
 
     def __init__(self, env_ids: Sequence[int], env_lanes: list[Lane], policy_lanes: list[Lane],
@@ -92,31 +94,23 @@ class ActorLoop:
             per = self.per_lane
             act = pol0.runner.act_slice  # type: ignore[attr-defined]
             remotes = [lane for lane in env_lanes if lane.remote]
-            # A backend may post and await all remote lanes at once (shm: RowGroup).
-            group = row_group(remotes) if remotes and row_group is not None else None
+            if remotes and row_group is None:
+                raise ValueError("remote env lanes need a row_group to step them in lockstep")
+            # Remote lanes are posted and awaited all at once (shm: RowGroup).
+            group = row_group(remotes) if remotes else None
             locals_ = [(slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
                        for d, lane in enumerate(env_lanes) if not lane.remote]
-            remote = len(remotes)
 
             def lockstep(num_steps: int) -> None:
                 for t in range(num_steps):
                     act(t, lo, hi)
                     if group is not None:  # first: they work while this process steps its share
                         group.step_row(t)
-                    else:
-                        for lane in remotes:
-                            lane.step_row(t)  # type: ignore[attr-defined]
                     for step, a, b in locals_:
                         step(t, a, b)
                     if group is not None:
                         t0 = time.perf_counter()
                         group.wait()
-                        self.wait_seconds += time.perf_counter() - t0
-                        continue
-                    left = remote
-                    while left:
-                        t0 = time.perf_counter()
-                        left -= len(self.wait())
                         self.wait_seconds += time.perf_counter() - t0
 
             self._lockstep = lockstep

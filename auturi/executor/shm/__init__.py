@@ -102,8 +102,6 @@ def _sigterm_exits() -> None:
     As SystemExit it unwinds like Ctrl-C does: a collect in progress closes its executor,
     ``atexit`` closes the others, and the process still exits with status 143. A handler the
     user (or a framework) installed is left alone."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return
     try:

@@ -123,10 +123,6 @@ class RemoteLane:
                 self.waiter.expect(self)
         self.start_sem.release()
 
-    def step_row(self, t: int) -> None:
-        """Step every env of this env worker at row ``t`` (lockstep: no task list)."""
-        self.command(STEP_ROW, t)
-
     def submit(self, ts: np.ndarray, ids: np.ndarray) -> None:
         c, s = self.ctrl, self.slot
         n = len(ids)
