@@ -55,12 +55,16 @@ class Policy(Protocol):
     # Optional: ``preload_modules``, a tuple of module names the ``shm`` backend imports once
     # in the forkserver its replicas fork from (torch always is), for policies whose imports
     # take seconds (RLlib's); each replica process then starts in milliseconds.
+    # Optional: ``needs_torch = False`` for a policy that never imports torch: when the caller
+    # has imported torch, the ``shm`` backend otherwise starts a forkserver that imports it
+    # (seconds of a core) to fork replicas from.
 
 
 class _StatelessPolicy:
     """Shared plumbing for policies without weights."""
 
     noise_dim = 0
+    needs_torch = False
 
     def get_state(self) -> dict[str, np.ndarray]:
         return {}

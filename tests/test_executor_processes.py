@@ -1,5 +1,5 @@
-"""Worker processes. Waiting costs no CPU: workers and actors poll their semaphore for a moment only when every
-process of the layout has a core, and block otherwise and between collects. Replicas start with what their policy asks to be
+"""Worker processes. Waiting costs no CPU: workers and actors poll their semaphore for a moment, yielding their
+core between polls, then block; between collects everyone is blocked. Replicas start with what their policy asks to be
 preloaded."""
 from __future__ import annotations
 
@@ -18,15 +18,30 @@ from auturi.executor.shm.channel import SPIN_SECONDS
 from auturi.tuner.space import usable_cores
 
 
-def test_nobody_spins_when_processes_outnumber_cores(monkeypatch):
+def test_a_polling_waiter_yields_its_core_between_polls(monkeypatch):
+    """Waiters poll before blocking, whatever the number of processes per core, and that is only
+    safe because each poll gives the core to whoever else has work there (without the yield,
+    a poller holds its core for a whole time slice while the process it waits for cannot run:
+    the thesis' collapse). Polling a semaphore nobody posts must yield between polls, stop
+    after the spin window, and then block."""
+    import multiprocessing as mp
+
+    from auturi.executor.shm import channel
+
+    yields = []
+    monkeypatch.setattr(channel, "_yield", lambda: yields.append(1))
+    sem = mp.get_context("spawn").Semaphore(0)
+    assert channel.acquire(sem, 0.01, 0.01) is False
+    assert len(yields) > 10
+    sem.release()
+    yields.clear()
+    assert channel.acquire(sem, 0.01, 0.01) is True
+    assert yields == []  # a posted semaphore is taken at once
     monkeypatch.delenv("AUTURI_SPIN_SECONDS", raising=False)
-    cores = usable_cores()
-    crowded = Config(envs_per_actor=2 * cores, env_parallel_degree=2 * cores)
-    assert crowded.num_processes + 1 > cores
+    crowded = Config(envs_per_actor=2 * usable_cores(), env_parallel_degree=2 * usable_cores())
+    assert ShmExecutor._spin_seconds(crowded) == SPIN_SECONDS > 0
+    monkeypatch.setenv("AUTURI_SPIN_SECONDS", "0")
     assert ShmExecutor._spin_seconds(crowded) == 0.0
-    roomy = Config(envs_per_actor=4, env_parallel_degree=2)  # the caller and one env worker
-    if cores >= 2:
-        assert ShmExecutor._spin_seconds(roomy) == SPIN_SECONDS > 0
 
 
 @pytest.mark.parametrize("degree", [2, 4])

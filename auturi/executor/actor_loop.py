@@ -68,7 +68,7 @@ class ActorLoop:
     (it raises :class:`auturi.WorkerError` on a failure); it is only called while some
     remote lane is busy. ``row_group(remote_env_lanes)`` (needed when there are remote env
     lanes) makes the object the lockstep loop posts a row to and awaits (``step_row(t)``,
-    ``wait()``).
+    ``wait()``, and ``settle()`` after the last row).
     """
 
     def __init__(self, env_ids: Sequence[int], env_lanes: list[Lane], policy_lanes: list[Lane],
@@ -112,6 +112,8 @@ class ActorLoop:
                         t0 = time.perf_counter()
                         group.wait()
                         self.wait_seconds += time.perf_counter() - t0
+                if group is not None:
+                    group.settle()
 
             self._lockstep = lockstep
 

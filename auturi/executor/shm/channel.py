@@ -30,20 +30,30 @@ OK, ERROR = 0, 1
 ERR_BYTES = 16384
 NAME_BYTES = 128
 POLL_SECONDS = 0.1  # how often a blocked waiter checks that its peers are alive
-SPIN_SECONDS = 200e-6
-"""How long a waiter (worker or actor) polls its semaphore before it blocks, when every process
-of the layout has a core to itself. Blocking and being woken cost 0.1-2 ms on a VM whose idle
-vCPU has halted, more than a step of 32 cheap envs; a short poll keeps the core awake between
-the steps of a collect. With more processes than cores nobody spins (the thesis' spinning
-workers collapsed there), and between collects everyone blocks after this long."""
+SPIN_SECONDS = 1e-3
+"""How long a waiter (worker or actor) polls its semaphore before it blocks, giving its core
+away (``sched_yield``) between polls. A blocked process costs a futex wake, and on a VM an
+IPI to a halted vCPU, to resume: 0.1-2 ms here, more than a row of 64 CartPole envs; a poll
+costs ~1 us and, because it yields, lets any process of the same core that has work run
+first (the thesis' workers polled without yielding and collapsed ~700x once processes
+outnumbered cores; with the yield, 16 workers on 2 cores ran 2.5x faster than blocking, and
+64 workers 1.7x). 1 ms covers a row of 64 cheap envs on 2 cores (200 us did not); between
+collects everyone blocks after it. ``AUTURI_SPIN_SECONDS`` overrides it (0: always block)."""
+
+_yield = getattr(os, "sched_yield", lambda: None)
 
 
 def acquire(sem: Any, spin: float, timeout: float) -> bool:
-    """``sem.acquire(timeout=timeout)``, polling it without blocking for ``spin`` seconds first."""
+    """``sem.acquire(timeout=timeout)``, polling it for ``spin`` seconds first and yielding
+    the core between polls."""
     if spin > 0.0:
-        end = time.perf_counter() + spin
         try_acquire = sem.acquire
-        while time.perf_counter() < end:
+        if try_acquire(False):
+            return True
+        now = time.perf_counter
+        end = now() + spin
+        while now() < end:
+            _yield()
             if try_acquire(False):
                 return True
     return sem.acquire(timeout=timeout)
@@ -177,15 +187,22 @@ class Waiter:
                 raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
         return [self._lanes[slot] for slot in done.tolist()]
 
-    def wait_group(self, slots: np.ndarray) -> None:
-        """Wait for one command given to each lane of ``slots`` (a :class:`RowGroup`), and no
-        other command in flight: each lane posts exactly once per command, so this is one
-        semaphore take per lane and one vectorised status check, however many lanes."""
-        for _ in range(len(slots)):
-            self._acquire()
-        self._busy[slots] = False
-        failed = slots[self.ctrl["status"][slots] == ERROR]
-        if len(failed):
+    def wait_group(self, sel: "slice | np.ndarray", count: int) -> None:
+        """Wait for one command given to each of the ``count`` lanes ``sel`` (a :class:`RowGroup`),
+        and no other command in flight: each lane posts exactly once per command, so this is
+        one semaphore take per lane and one vectorised status check, however many lanes."""
+        if self.spin > 0.0:
+            for _ in range(count):
+                self._acquire()
+        else:
+            take = self.done_sem.acquire
+            for _ in range(count):
+                if not take(True, POLL_SECONDS):
+                    self.check_health()
+                    self._acquire()
+        status = self.ctrl["status"][sel]
+        if status.any():
+            failed = np.arange(len(self._issued))[sel][status == ERROR]
             slot = int(failed[0])
             raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
 
@@ -197,33 +214,44 @@ class Waiter:
 
 
 class RowGroup:
-    """Env lanes that step one row together (the lockstep loop): the command words of all of
-    them written by one vectorised store, then one semaphore post each; and one wait for all
-    (:meth:`Waiter.wait_group`). Per lane and step this leaves a semaphore post and take:
-    per-lane Python here cost more than stepping a cheap env with 16 workers."""
+    """Env lanes that step one row together (the lockstep loop): the row number written by one
+    store (a slice: an actor's env workers have consecutive slots), then one semaphore post
+    each; and one wait for all (:meth:`Waiter.wait_group`). Per lane and row that leaves a
+    semaphore post and take: per-lane Python here cost more than stepping a cheap env with 16
+    workers. The command word is written on the first row only and the lanes' command counts
+    are settled once, after the last row (:meth:`settle`)."""
 
     def __init__(self, lanes: list[RemoteLane], waiter: Waiter):
         self.lanes, self.waiter = lanes, waiter
         self.slots = np.array([lane.slot for lane in lanes], dtype=np.int64)
+        s0 = int(self.slots[0])
+        consecutive = bool((self.slots == np.arange(s0, s0 + len(lanes))).all())
+        self.sel: slice | np.ndarray = slice(s0, s0 + len(lanes)) if consecutive else self.slots
         self.ctrl = lanes[0].ctrl
+        self._arg = self.ctrl["arg"]
         self._posts = [lane.start_sem.release for lane in lanes]
+        self.rows = 0  # rows posted since the last settle
         for lane in lanes:
             waiter._lanes[lane.slot] = lane
             waiter._issued[lane.slot] = lane.issued  # from here on both count up together
 
     def step_row(self, t: int) -> None:
-        c, slots, w = self.ctrl, self.slots, self.waiter
-        c["arg"][slots] = t
-        c["cmd"][slots] = STEP_ROW
-        for lane in self.lanes:
-            lane.issued += 1
-        w._issued[slots] += 1  # kept equal to each lane's `issued` (both start from expect())
-        w._busy[slots] = True
+        if not self.rows:
+            self.ctrl["cmd"][self.sel] = STEP_ROW
+        self._arg[self.sel] = t
+        self.rows += 1
         for post in self._posts:
             post()
 
     def wait(self) -> None:
-        self.waiter.wait_group(self.slots)
+        self.waiter.wait_group(self.sel, len(self._posts))
+
+    def settle(self) -> None:
+        """After the last row: count the rows as commands each lane finished."""
+        for lane in self.lanes:
+            lane.issued += self.rows
+        self.waiter._issued[self.slots] += self.rows
+        self.rows = 0
 
 
 def parent_watch() -> Callable[[], None]:
