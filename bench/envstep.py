@@ -108,7 +108,8 @@ def idle_cpu_percent(n: int, seconds: float = 2.0) -> float:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--envs", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--steps", type=int, default=2000, help="total env steps per measurement / N rows")
+    ap.add_argument("--steps", type=int, default=10000,
+                    help="env steps per sample (N rows of steps // N); short samples (2000) varied ±30%% between rounds")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="bench/results/envstep.json")
     args = ap.parse_args(argv)

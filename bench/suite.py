@@ -86,7 +86,7 @@ def sizing(mode: str) -> Sizing:
                       actors=[1, 2], collects_per_sample=2)
     return Sizing(workloads=list(WORKLOADS), rounds=5, tune_seconds=20.0, max_trial_seconds=4.0, rllib_runners=[0, 2],
                   e2e=[("cartpole", 30000, 2), ("slow", 8192, 2)], envstep_ns=[1, 2, 4, 8, 16, 32, 64],
-                  envstep_steps=2000, envstep_rounds=3, actors=[1, 2, 4], collects_per_sample=3)
+                  envstep_steps=10000, envstep_rounds=5, actors=[1, 2, 4], collects_per_sample=3)
 
 
 def sample(runner: Any, rows: int, collects: int) -> float:

@@ -269,9 +269,9 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     ``start_sem``. Kept to the bare minimum of Python: with many workers per core each
     one's code runs cache-cold after every switch, and a worker stepping one CartPole used
     ~55 us of CPU per row in the general loop, 6 of them in ``env.step``."""
-    cmd_arr, arg, seq, status, nfinal, timing = (ctrl["cmd"], ctrl["arg"], ctrl["seq"], ctrl["status"],
-                                                 ctrl["nfinal"], ctrl["timing"])
-    hdr = ctrl["hdr"]
+    # memoryviews: plain CPython item access, no numpy scalar machinery on this path.
+    cmd_arr, arg, seq, status, nfinal, timing, hdr = (memoryview(ctrl[k]) for k in
+                                                      ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
     step_one = getattr(obj, "step_one", None) if hi - lo == 1 else None
     while True:
         try:
@@ -279,9 +279,9 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
                 data.sync(obj)
             n = len(obj.finals)
             if step_one is not None:
-                step_one(int(arg[slot]), lo)
+                step_one(arg[slot], lo)
             else:
-                step_row(int(arg[slot]), lo, hi)
+                step_row(arg[slot], lo, hi)
             if len(obj.finals) != n:
                 nfinal[slot] = len(obj.finals)
             timing[slot, 0] = obj.env_seconds
