@@ -3,12 +3,13 @@ actions, N = 1, 4, 16, 64 envs.
 
 Compared side by side in one run, rounds interleaved:
 - Auturi shm with each env in its own worker (degree N) against SB3 SubprocVecEnv and
-  gymnasium AsyncVectorEnv (shared memory);
+  gymnasium AsyncVectorEnv (shared memory), and against ``floor`` (bench/floor.py), a bare
+  prototype of the same layout without the executor's bookkeeping;
 - Auturi shm with N envs on 2 env workers (degree 2) against SB3 DummyVecEnv;
 - Auturi's serial config against DummyVecEnv;
 - the CPU used by idle Auturi workers between collects.
 
-Run: python -m bench.envstep [--envs 1 4 16 64] [--steps 2000] [--rounds 5]
+Run: python -m bench.envstep [--envs 1 4 16 64] [--steps 10000] [--rounds 5]
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import time
 
 import gymnasium as gym
 from bench.common import interleave, machine_header, summarize
+from bench.floor import FloorRunner
 from bench.peers import AuturiRunner, PeerRunner
 
 ENV_ID = "CartPole-v1"
-COLUMNS = ("auturi_degree_N", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy")
+COLUMNS = ("auturi_degree_N", "floor", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy")
 
 
 def make_cartpole():
@@ -53,6 +55,7 @@ def makers(n: int, columns=COLUMNS) -> dict:
         "auturi_serial": lambda: auturi_runner(n, 1),
         "dummy": lambda: vec_runner("dummy", n),
         "auturi_degree_N": lambda: auturi_runner(n, n),
+        "floor": lambda: FloorRunner(n),
         "subproc": lambda: vec_runner("subproc", n),
         "async_shm": lambda: vec_runner("async", n),
     }
@@ -80,7 +83,8 @@ def measure(ns, steps: int, rounds: int, columns=COLUMNS, progress=None) -> list
                 r.close()
         row = {"n": n, "rows_per_sample": per}
         row.update({k: summarize(xs) for k, xs in samples.items()})
-        for key, a, b in (("ratio_degreeN_vs_subproc", "auturi_degree_N", "subproc"),
+        for key, a, b in (("ratio_degreeN_vs_floor", "auturi_degree_N", "floor"),
+                          ("ratio_degreeN_vs_subproc", "auturi_degree_N", "subproc"),
                           ("ratio_degreeN_vs_async", "auturi_degree_N", "async_shm"),
                           ("ratio_serial_vs_dummy", "auturi_serial", "dummy"),
                           ("ratio_degree2_vs_dummy", "auturi_degree_2", "dummy")):
@@ -138,11 +142,11 @@ def main(argv=None) -> dict:
 def table(rows: list[dict]) -> list[str]:
     """The scaling table's lines (medians, ``±`` half-IQR, ratios), from :func:`measure`'s rows."""
     cols = [c for c in COLUMNS if any(c in row for row in rows)]
-    out = ["| N | " + " | ".join(cols) + " | degN/Subproc | degN/Async | deg2/Dummy | serial/Dummy |",
-           "|---:|" + "---:|" * (len(cols) + 4)]
+    out = ["| N | " + " | ".join(cols) + " | degN/floor | degN/Subproc | degN/Async | deg2/Dummy | serial/Dummy |",
+           "|---:|" + "---:|" * (len(cols) + 5)]
     for row in rows:
         cells = [f"{row[c]['median']:,.0f} ±{100 * row[c]['spread']:.0f}%" if c in row else "-" for c in cols]
-        ratios = [row.get("ratio_degreeN_vs_subproc"), row.get("ratio_degreeN_vs_async"),
+        ratios = [row.get("ratio_degreeN_vs_floor"), row.get("ratio_degreeN_vs_subproc"), row.get("ratio_degreeN_vs_async"),
                   row.get("ratio_degree2_vs_dummy"), row.get("ratio_serial_vs_dummy")]
         cells += [f"{r:.2f}x" if r is not None else "-" for r in ratios]
         out.append(f"| {row['n']} | " + " | ".join(cells) + " |")
