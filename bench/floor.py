@@ -18,8 +18,8 @@ from typing import Any
 SPIN = 1e-3
 
 
-def _take(sem: Any) -> None:
-    end = time.perf_counter() + SPIN
+def _take(sem: Any, spin: float = SPIN) -> None:
+    end = time.perf_counter() + spin
     while time.perf_counter() < end:
         if sem.acquire(False):
             return
@@ -27,13 +27,13 @@ def _take(sem: Any) -> None:
     sem.acquire()
 
 
-def _worker(i: int, start: Any, done: Any, stop: Any) -> None:
+def _worker(i: int, start: Any, done: Any, stop: Any, spin: float) -> None:
     import gymnasium as gym
 
     env = gym.make("CartPole-v1")
     env.reset(seed=i)
     while True:
-        _take(start)
+        _take(start, spin)
         if stop.value:
             return
         _, _, te, tr, _ = env.step(0)
@@ -48,13 +48,13 @@ class FloorRunner:
 
     kind = "floor"
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, spin: float = SPIN):
         ctx = mp.get_context("forkserver")
-        self.n = n
+        self.n, self.spin = n, spin
         self.done = ctx.Semaphore(0)
         self.stop = ctx.Value("b", 0, lock=False)
         self.starts = [ctx.Semaphore(0) for _ in range(n)]
-        self.procs = [ctx.Process(target=_worker, args=(i, s, self.done, self.stop), daemon=True)
+        self.procs = [ctx.Process(target=_worker, args=(i, s, self.done, self.stop, spin), daemon=True)
                       for i, s in enumerate(self.starts)]
         for p in self.procs:
             p.start()
@@ -66,7 +66,7 @@ class FloorRunner:
             for s in self.starts:
                 s.release()
             for _ in range(self.n):
-                _take(self.done)
+                _take(self.done, self.spin)
         return rows * self.n / (time.perf_counter() - t0)
 
     def close(self) -> None:
