@@ -461,8 +461,9 @@ def tune(
                                                          "(all), optuna.")] = Strategy.model,
     budget_trials: Annotated[int | None, Opt("--budget-trials", help="Most configs to measure (baselines "
                                                                      "included).")] = None,
-    budget_seconds: Annotated[float | None, Opt("--budget-seconds", help=f"Wall seconds for the search (default "
-                                                f"{DEFAULT_BUDGET_SECONDS:g} when no budget is given).")] = None,
+    budget_seconds: Annotated[float | None, Opt("--budget-seconds", help=f"Wall seconds for the tuning, final "
+                                                f"re-measure included (default {DEFAULT_BUDGET_SECONDS:g} when no "
+                                                f"budget is given).")] = None,
     devices: Annotated[str | None, Opt("--devices", help="Policy devices to consider: cpu, cuda, cpu,cuda "
                                                          "(default: cpu, plus cuda when present).")] = None,
     start: Annotated[str | None, Opt("--start", help="Your current layout, measured as a baseline, e.g. "

@@ -320,13 +320,15 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
 
     Stops after ``min_rounds`` once every trial's half-width is within the protocol's
     fraction or the fastest one's interval lies above all the others' (the choice is
-    settled), or after ``max_rounds``, or at ``deadline`` once each has two samples.
+    settled), or after ``max_rounds``, or once each has two samples and another round as long
+    as the last would end past ``deadline``.
     Returns one ``"final"`` trial per config, in the given order.
     """
     p = protocol or MeasureProtocol()
     trials = [Trial(config=c, source="final") for c in configs]
     single = len(configs) == 1
     for r in range(max_rounds):
+        r0 = clock()
         for tr in trials:
             s0 = clock()
             try:
@@ -356,7 +358,9 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         if r + 1 >= min_rounds and _separated(live):
             reason = "separated"
             break
-        if deadline is not None and clock() >= deadline and r + 1 >= 2:
+        # Stop when another round like this one would end past the deadline.
+        now = clock()
+        if deadline is not None and now + (now - r0) > deadline and all(len(t.samples) >= 2 for t in live):
             reason = "budget"
             break
     else:

@@ -239,8 +239,15 @@ class _Session:
     def elapsed(self) -> float:
         return 0.0 if self.t0 is None else self.clock() - self.t0
 
+    search_budget_share = 1.0
+    """The share of ``budget_seconds`` the search may use; the offline tuner keeps the rest for
+    its final re-measure, so the whole of ``tune()`` fits the budget."""
+
     def deadline(self) -> float | None:
-        return None if self.budget_seconds is None or self.t0 is None else self.t0 + self.budget_seconds
+        """When the search must stop (trials stop sampling, no new trial starts)."""
+        if self.budget_seconds is None or self.t0 is None:
+            return None
+        return self.t0 + self.budget_seconds * self.search_budget_share
 
     def trials_left(self) -> int | None:
         if self.budget_trials is None:
@@ -253,8 +260,8 @@ class _Session:
         return max(0.0, self.budget_seconds - self.elapsed())
 
     def budget_spent(self) -> bool:
-        t, s = self.trials_left(), self.seconds_left()
-        return (t is not None and t <= 0) or (s is not None and s <= 0)
+        t, d = self.trials_left(), self.deadline()
+        return (t is not None and t <= 0) or (d is not None and self.clock() >= d)
 
     # -- bookkeeping
     def best(self, trials: Sequence[Trial] | None = None) -> Trial | None:
@@ -348,6 +355,10 @@ class _Session:
         self.history.append(trial)
 
 
+FINAL_SHARE = 0.3
+"""The share of an offline tuner's ``budget_seconds`` kept for the final re-measure."""
+
+
 # ---------------------------------------------------------------------------- offline
 class Tuner(_Session):
     """Offline tuning: measure configs on an executor, choose, and leave it reconfigured.
@@ -357,8 +368,13 @@ class Tuner(_Session):
         budget_trials: most configs measured in the search, baselines included (default:
             the strategy's own stopping rule; ``optuna`` uses 20). The final interleaved
             re-measure of the best few is not counted.
-        budget_seconds: wall seconds for the search (profiling included); the running trial
-            stops sampling at the deadline once it has one sample.
+        budget_seconds: wall seconds for the whole of :meth:`tune`: the search (profiling
+            included) gets ``1 - FINAL_SHARE`` of them, and its running trial stops sampling
+            at that point once it has one sample; the final re-measure gets the rest, keeps
+            only the finalists whose estimated round fits in it (none if not even the best
+            one's does) and stops after a round once past the budget. Reconfigures and the
+            first samples of the start and serial configs can still make a short budget
+            overrun.
         rel_half_width, min_samples, max_samples, max_trial_seconds: the measurement
             protocol (:class:`MeasureProtocol`); or pass ``protocol``.
         top_k: before the choice, the configs whose confidence interval reaches the best
@@ -397,6 +413,8 @@ class Tuner(_Session):
         self.top_k = top_k
         self.final_rounds = final_rounds
         self.final_samples = final_samples
+        if top_k > 0 and final_rounds[1] > 0:
+            self.search_budget_share = 1.0 - FINAL_SHARE
         self.confirm_tolerance = confirm_tolerance
 
     def _measure(self, executor: Any, config: Config, num_steps: int, source: str) -> Trial:
@@ -449,9 +467,9 @@ class Tuner(_Session):
                 self._measure(executor, c, num_steps, "search")
 
         self._set_phase("final")
-        finalists = self._finalists(start, serial)
+        finalists = self._fit_budget(self._finalists(start, serial))
         pool: list[Trial] = []
-        if self.top_k > 0 and self.final_rounds[1] > 0:
+        if finalists and self.top_k > 0 and self.final_rounds[1] > 0:
             # Interleaved, so a drift of the machine (thermal, a neighbour's job) hits
             # every finalist alike rather than favouring whichever ran in a quiet moment;
             # a lone finalist is still re-measured, which unmasks a lucky first trial.
@@ -460,6 +478,7 @@ class Tuner(_Session):
                 self.final = remeasure_interleaved(
                     executor, finalists, num_steps, self.protocol, min_rounds=self.final_rounds[0],
                     max_rounds=self.final_rounds[1], samples_per_round=self.final_samples, clock=self.clock,
+                    deadline=None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds,
                     on_sample=self._final_sample)
             except Exception as e:
                 self.phase = "failed"
@@ -534,6 +553,26 @@ class Tuner(_Session):
         for c in [start, serial] + ([self.cached[0]] if self.cached else []):
             if c in contenders and c not in out:
                 out.append(c)
+        return out
+
+    def _fit_budget(self, finalists: list[Config]) -> list[Config]:
+        """The finalists, in rank order, whose first re-measure round fits in what is left of
+        ``budget_seconds``, each costed from its search trial (reconfigure, then warm-up and
+        ``final_samples`` collects at the rate it measured). Those left out still count by
+        their search trials; with no budget, all of them."""
+        if self.budget_seconds is None or self.t0 is None:
+            return finalists
+        left = self.t0 + self.budget_seconds - self.clock()
+        trials = {t.config: t for t in self.history if t.ok}
+        out: list[Config] = []
+        for c in finalists:
+            t = trials[c]
+            collects = len(t.warmup) + len(t.samples)
+            per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, collects)
+            left -= t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + self.final_samples)
+            if left < 0:
+                break
+            out.append(c)
         return out
 
     def _reason(self, choice: Trial, pool: list[Trial], start: Config, serial: Config, confirmed: bool) -> str:
