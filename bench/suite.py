@@ -405,18 +405,22 @@ def main(argv: list[str] | None = None) -> dict:
     print(res["machine"], flush=True)
     print(f"{mode} run, sections {' '.join(args.sections)}, workloads {' '.join(s.workloads)}, {s.rounds} rounds",
           flush=True)
+    # Order: what Ray takes part in runs between the rest, and Ray is shut down after it: its
+    # daemons (raylet, GCS, idle workers) kept waking up and made the env-stepping rows and
+    # the PPO runs measured after them noisier (degree 2 at N = 64 ranged 0.45x-1.5x
+    # DummyVecEnv within one suite run, 1.9-2.2x in standalone runs).
     try:
-        if "collect" in args.sections:
-            res["collect"] = run_collect(s, ray_cpus, progress)
         if "envstep" in args.sections:
             res["envstep"] = run_envstep(s, progress)
+        if "collect" in args.sections:
+            res["collect"] = run_collect(s, ray_cpus, progress)
         if "actors" in args.sections and s.actors:
             res["actors"] = run_actors(s, ray_cpus, progress)
-        if "e2e" in args.sections:
-            res["e2e"] = run_e2e(s, res.get("collect"), progress)
     finally:
         if "bench.rllib_peer" in sys.modules:
             sys.modules["bench.rllib_peer"].shutdown()
+    if "e2e" in args.sections:
+        res["e2e"] = run_e2e(s, res.get("collect"), progress)
     res["seconds"] = time.perf_counter() - progress.t0
     res["load_average_end"] = os.getloadavg()
 
