@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -81,6 +82,17 @@ def _start_without_main(proc: Any) -> None:
         proc.start()
     finally:
         _starting.ours = False
+
+
+def _wait_exits(procs: list, timeout: float | None) -> None:
+    """Wait until every process of ``procs`` has exited, or ``timeout`` seconds in all."""
+    end = None if timeout is None else time.monotonic() + timeout
+    pending = {p.sentinel for p in procs}
+    while pending:
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        pending -= set(multiprocessing.connection.wait(list(pending), left))
 
 
 def _usable_cores_set() -> set[int]:
@@ -359,14 +371,19 @@ class ShmExecutor(Executor):
                     if s.proc.is_alive():
                         self._ctrl["cmd"][slots.index(s)] = EXIT
                         s.start_sem.release()
+            # One deadline for all rather than JOIN_SECONDS per process in turn: an actor busy
+            # in a collect whose workers already left only ends by a signal, and with many
+            # such processes the turns added up to minutes.
+            for stop in (None, "terminate", "kill"):
+                alive = [s for s in started if s.proc.is_alive()]
+                if not alive:
+                    break
+                if stop is not None:
+                    for s in alive:
+                        getattr(s.proc, stop)()
+                _wait_exits([s.proc for s in alive], None if stop == "kill" else JOIN_SECONDS)
             for s in started:
-                s.proc.join(JOIN_SECONDS)
-                if s.proc.is_alive():
-                    s.proc.terminate()
-                    s.proc.join(JOIN_SECONDS)
-                if s.proc.is_alive():
-                    s.proc.kill()
-                    s.proc.join()
+                s.proc.join()
                 s.proc.close()
             for s in slots:
                 if s.conn is not None:

@@ -36,9 +36,10 @@ away (``sched_yield``) between polls. A blocked process costs a futex wake, and 
 IPI to a halted vCPU, to resume: 0.1-2 ms here, more than a row of 64 CartPole envs; a poll
 costs ~1 us and, because it yields, lets any process of the same core that has work run
 first (the thesis' workers polled without yielding and collapsed ~700x once processes
-outnumbered cores; with the yield, 16 workers on 2 cores ran 2.5x faster than blocking, and
-64 workers 1.7x). 1 ms covers a row of 64 cheap envs on 2 cores (200 us did not); between
-collects everyone blocks after it. ``AUTURI_SPIN_SECONDS`` overrides it (0: always block)."""
+outnumbered cores; with the yield, a bare prototype of 16 workers on 2 cores ran 1.6-2.5x
+faster than blocking, and of 64 workers 1.4-1.7x). 1 ms covers a row of 64 cheap envs on 2
+cores; shorter windows measured the same at 64 workers and slower at 16. Between collects
+everyone blocks after it. ``AUTURI_SPIN_SECONDS`` overrides it (0: always block)."""
 
 _yield = getattr(os, "sched_yield", lambda: None)
 

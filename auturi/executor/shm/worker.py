@@ -293,7 +293,8 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
         done_sem.release()
         if status[slot] != OK:
             return _wait_command(start_sem, spin, check_parent)
-        if not acquire(start_sem, spin, 1.0):
+        if not acquire(start_sem, spin, 1.0):  # no row for a second: between collects
+            check_parent()
             _wait_command(start_sem, spin, check_parent)
         if cmd_arr[slot] != STEP_ROW:
             return
