@@ -139,8 +139,12 @@ def test_ctrl_c_and_sigterm_leave_nothing_behind(sig):
     """Ctrl-C, or a plain ``kill``: no worker, forkserver or resource tracker outlives the
     script, and no segment or named semaphore stays in /dev/shm."""
     sems_before = {f for f in os.listdir("/dev/shm") if f.startswith("sem.")}
+    # SIGINT back to its default in the script, as in a terminal: a shell starts background jobs
+    # (`cmd &`, nohup, some CI runners) with SIGINT ignored, children inherit that, and Python
+    # then never raises KeyboardInterrupt, so the script would run on forever.
     p = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+                         text=True, cwd=os.path.dirname(os.path.dirname(__file__)),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids = [int(x) for x in p.stdout.readline().split()]
     assert p.stdout.readline().strip() == "collecting"  # the script is inside collect now
     pids += _descendants(p.pid)  # the forkservers and the resource tracker too

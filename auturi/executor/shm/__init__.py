@@ -32,7 +32,7 @@ from auturi.config import Config
 from auturi.errors import WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, SPIN_SECONDS, TASK, RemoteLane, Waiter, control_specs,
+from auturi.executor.shm.channel import (CLOSING, EXIT, FLUSH, OK, SPIN_SECONDS, TASK, RemoteLane, Waiter, control_specs,
                                          read_error, write_name)
 from auturi.executor.shm.worker import ActorHost, worker_main
 
@@ -367,6 +367,7 @@ class ShmExecutor(Executor):
                 host.close()
             started = [s for s in slots if s.proc is not None and s.proc._popen is not None]
             if self._ctrl is not None:
+                self._ctrl["hdr"][CLOSING] = 1
                 for s in started:
                     if s.proc.is_alive():
                         self._ctrl["cmd"][slots.index(s)] = EXIT

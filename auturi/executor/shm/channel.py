@@ -63,7 +63,7 @@ def acquire(sem: Any, spin: float, timeout: float) -> bool:
 def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], Any]]:
     W = max(num_slots, 1)
     return [
-        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version
+        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version, 3: closing
         ("names", (2, NAME_BYTES), np.uint8),  # 0: rollout block name, 1: weights block name
         ("cmd", (W,), np.int64),
         ("arg", (W,), np.int64),
@@ -255,12 +255,19 @@ class RowGroup:
         self.rows = 0
 
 
-def parent_watch() -> Callable[[], None]:
-    """A health check for a worker: exit quietly once the process that made it is gone."""
+CLOSING = 3  # hdr index: the caller is closing this layout
+
+
+def parent_watch(ctrl: ArrayBlock | None = None) -> Callable[[], None]:
+    """A health check for a worker: exit quietly once the process that made it is gone, or
+    (given the control block) once the caller has started closing the layout; an actor
+    waiting mid-collect for workers that already left learns it here, instead of by a
+    signal after the caller's grace period."""
     ppid = os.getppid()
+    hdr = None if ctrl is None else ctrl["hdr"]
 
     def check() -> None:
-        if os.getppid() != ppid:
+        if os.getppid() != ppid or (hdr is not None and hdr[CLOSING]):
             raise SystemExit(0)
 
     return check

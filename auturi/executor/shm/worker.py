@@ -163,7 +163,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
         except (AttributeError, OSError):
             pass
     ctrl = ArrayBlock.attach(ctrl_handle)
-    check_parent = parent_watch()
+    check_parent = parent_watch(ctrl)
     data = DataBinding(ctrl, spec, num_envs)
     obj: Any = None
     try:
