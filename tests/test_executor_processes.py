@@ -1,5 +1,5 @@
-"""Worker processes. Waiting costs no CPU: workers and actors poll their semaphore for a moment, yielding their
-core between polls, then block; between collects everyone is blocked. Replicas start with what their policy asks to be
+"""Worker processes. Workers and actors poll their semaphore for up to a millisecond, yielding their core between
+polls, then block: between collects waiting costs no CPU. Replicas start with what their policy asks to be
 preloaded."""
 from __future__ import annotations
 

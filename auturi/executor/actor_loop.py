@@ -102,18 +102,20 @@ class ActorLoop:
                        for d, lane in enumerate(env_lanes) if not lane.remote]
 
             def lockstep(num_steps: int) -> None:
-                for t in range(num_steps):
-                    act(t, lo, hi)
-                    if group is not None:  # first: they work while this process steps its share
-                        group.step_row(t)
-                    for step, a, b in locals_:
-                        step(t, a, b)
+                try:
+                    for t in range(num_steps):
+                        act(t, lo, hi)
+                        if group is not None:  # first: they work while this process steps its share
+                            group.step_row(t)
+                        for step, a, b in locals_:
+                            step(t, a, b)
+                        if group is not None:
+                            t0 = time.perf_counter()
+                            group.wait()
+                            self.wait_seconds += time.perf_counter() - t0
+                finally:
                     if group is not None:
-                        t0 = time.perf_counter()
-                        group.wait()
-                        self.wait_seconds += time.perf_counter() - t0
-                if group is not None:
-                    group.settle()
+                        group.settle()
 
             self._lockstep = lockstep
 

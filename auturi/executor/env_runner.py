@@ -169,6 +169,7 @@ class EnvRunner:
             except Exception:  # closing is best effort; the process may be going down
                 pass
         self.envs = {}
+        self._cols, self._slice_list, self._slice_key = {}, [], None
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,

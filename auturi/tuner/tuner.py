@@ -556,10 +556,11 @@ class Tuner(_Session):
         return out
 
     def _fit_budget(self, finalists: list[Config]) -> list[Config]:
-        """The finalists, in rank order, whose first re-measure round fits in what is left of
+        """The finalists, in rank order, whose re-measure fits in what is left of
         ``budget_seconds``, each costed from its search trial (reconfigure, then warm-up and
-        ``final_samples`` collects at the rate it measured). Those left out still count by
-        their search trials; with no budget, all of them."""
+        ``final_samples`` collects at the rate it measured, for the rounds that give it two
+        samples). Those left out are not chosen, except start and serial, which still count
+        by their search trials; with no budget, all of them."""
         if self.budget_seconds is None or self.t0 is None:
             return finalists
         left = self.t0 + self.budget_seconds - self.clock()
@@ -569,7 +570,8 @@ class Tuner(_Session):
             t = trials[c]
             collects = len(t.warmup) + len(t.samples)
             per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, collects)
-            left -= t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + self.final_samples)
+            rounds = -(-2 // max(1, self.final_samples))  # the re-measure runs until each has two samples
+            left -= rounds * (t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + self.final_samples))
             if left < 0:
                 break
             out.append(c)

@@ -311,11 +311,11 @@ class ShmExecutor(Executor):
         # Ask every worker holding final observations at once, then read each pipe: one
         # round trip per collect instead of one per worker in turn (with 16 workers whose
         # CartPoles all ended an episode, 15 sequential trips cost ~3 ms a collect).
-        asked = [s for i, s in enumerate(self._slots) if s.conn is not None and self._ctrl["nfinal"][i] > 0]
-        for s in asked:
-            self._ctrl["cmd"][self._slots.index(s)] = FLUSH
+        asked = [(i, s) for i, s in enumerate(self._slots) if s.conn is not None and self._ctrl["nfinal"][i] > 0]
+        for i, s in asked:
+            self._ctrl["cmd"][i] = FLUSH
             s.start_sem.release()
-        for s in asked:
+        for _, s in asked:
             while not s.conn.poll(0.1):
                 self._check_children()
             finals.update(s.conn.recv())

@@ -273,6 +273,7 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     cmd_arr, arg, seq, status, nfinal, timing, hdr = (memoryview(ctrl[k]) for k in
                                                       ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
     step_one = getattr(obj, "step_one", None) if hi - lo == 1 else None
+    status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
     while True:
         try:
             if hdr[0] != data.gen:  # a new rollout block (num_steps changed)
