@@ -149,7 +149,12 @@ def test_ctrl_c_and_sigterm_leave_nothing_behind(sig):
     assert p.stdout.readline().strip() == "collecting"  # the script is inside collect now
     pids += _descendants(p.pid)  # the forkservers and the resource tracker too
     p.send_signal(sig)
-    _, err = p.communicate(timeout=60)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()  # the script and, as its parent dies, its workers: a failed test leaves no collector running
+        p.communicate()
+        raise
     if sig == signal.SIGINT:
         assert p.returncode != 0 and "KeyboardInterrupt" in err
     else:
