@@ -6,26 +6,15 @@ change to the executor's per-row path could gain.
 
 Each worker steps its CartPole with action 0 when its semaphore is posted and posts a shared
 done semaphore; the caller posts all workers and takes N posts. Waits poll with
-``sched_yield`` for up to 1 ms before blocking, as Auturi's do (``channel.SPIN_SECONDS``).
+``sched_yield`` for up to 1 ms before blocking: Auturi's own ``channel.acquire``.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from typing import Any
 
-SPIN = 1e-3
-
-
-def _take(sem: Any, spin: float = SPIN) -> None:
-    end = time.perf_counter() + spin
-    while time.perf_counter() < end:
-        if sem.acquire(False):
-            return
-        os.sched_yield()
-    sem.acquire()
-
+from auturi.executor.shm.channel import SPIN_SECONDS, acquire
 
 def _worker(i: int, start: Any, done: Any, stop: Any, spin: float) -> None:
     import gymnasium as gym
@@ -33,7 +22,7 @@ def _worker(i: int, start: Any, done: Any, stop: Any, spin: float) -> None:
     env = gym.make("CartPole-v1")
     env.reset(seed=i)
     while True:
-        _take(start, spin)
+        acquire(start, spin, None)
         if stop.value:
             return
         _, _, te, tr, _ = env.step(0)
@@ -48,7 +37,7 @@ class FloorRunner:
 
     kind = "floor"
 
-    def __init__(self, n: int, spin: float = SPIN):
+    def __init__(self, n: int, spin: float = SPIN_SECONDS):
         ctx = mp.get_context("forkserver")
         self.n, self.spin = n, spin
         self.done = ctx.Semaphore(0)
@@ -66,7 +55,7 @@ class FloorRunner:
             for s in self.starts:
                 s.release()
             for _ in range(self.n):
-                _take(self.done, self.spin)
+                acquire(self.done, self.spin, None)
         return rows * self.n / (time.perf_counter() - t0)
 
     def close(self) -> None:

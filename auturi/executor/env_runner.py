@@ -147,7 +147,7 @@ class EnvRunner:
             o, _ = env.reset()
         self.env_seconds += time.perf_counter() - t0
         rew[t] = float(r)
-        term[t] = ended and bool(te)
+        term[t] = bool(te)
         trunc[t] = ended and not te
         starts[t + 1] = ended
         obs[t + 1] = o

@@ -224,10 +224,10 @@ class RowGroup:
 
     def __init__(self, lanes: list[RemoteLane], waiter: Waiter):
         self.lanes, self.waiter = lanes, waiter
-        self.slots = np.array([lane.slot for lane in lanes], dtype=np.int64)
-        s0 = int(self.slots[0])
-        consecutive = bool((self.slots == np.arange(s0, s0 + len(lanes))).all())
-        self.sel: slice | np.ndarray = slice(s0, s0 + len(lanes)) if consecutive else self.slots
+        slots = np.array([lane.slot for lane in lanes], dtype=np.int64)
+        s0 = int(slots[0])
+        consecutive = bool((slots == np.arange(s0, s0 + len(lanes))).all())
+        self.sel: slice | np.ndarray = slice(s0, s0 + len(lanes)) if consecutive else slots
         self.ctrl = lanes[0].ctrl
         self._arg = self.ctrl["arg"]
         self._posts = [lane.start_sem.release for lane in lanes]
@@ -251,7 +251,7 @@ class RowGroup:
         """After the last row: count the rows as commands each lane finished."""
         for lane in self.lanes:
             lane.issued += self.rows
-        self.waiter._issued[self.slots] += self.rows
+        self.waiter._issued[self.sel] += self.rows
         self.rows = 0
 
 

@@ -272,17 +272,13 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     # memoryviews: plain CPython item access, no numpy scalar machinery on this path.
     cmd_arr, arg, seq, status, nfinal, timing, hdr = (memoryview(ctrl[k]) for k in
                                                       ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
-    step_one = getattr(obj, "step_one", None) if hi - lo == 1 else None
     status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
     while True:
         try:
             if hdr[0] != data.gen:  # a new rollout block (num_steps changed)
                 data.sync(obj)
             n = len(obj.finals)
-            if step_one is not None:
-                step_one(arg[slot], lo)
-            else:
-                step_row(arg[slot], lo, hi)
+            step_row(arg[slot], lo, hi)  # a lone env: EnvRunner.step_slice goes to step_one
             if len(obj.finals) != n:
                 nfinal[slot] = len(obj.finals)
             timing[slot, 0] = obj.env_seconds
