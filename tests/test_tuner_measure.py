@@ -17,10 +17,10 @@ from auturi.tuner.measure import (
     MeasureProtocol,
     Trial,
     TrialRecorder,
-    mean_half_width,
     measure,
+    median_interval,
+    ratio,
     remeasure_interleaved,
-    t95,
 )
 
 
@@ -106,26 +106,57 @@ def const(v: float) -> Callable[[Config], float]:
 
 
 # ---------------------------------------------------------------------------- statistics
-def test_t_quantiles_match_the_table_and_tend_to_the_normal():
-    assert t95(1) == pytest.approx(12.706)
-    assert t95(2) == pytest.approx(4.303)
-    assert t95(30) == pytest.approx(2.042)
-    assert 2.021 < t95(35) < 2.042  # interpolated between 30 and 40
-    assert t95(10_000) == pytest.approx(1.95996, abs=1e-3)
-    assert all(t95(d) > t95(d + 1) for d in range(1, 200))  # strictly decreasing
-    with pytest.raises(ValueError, match="degrees of freedom"):
-        t95(0)
+def test_an_outlier_does_not_move_the_estimate():
+    """The case from the issue: one 670 among ~11,900 steps/s moved the mean by 1,800."""
+    base = [11_900.0, 12_050.0, 11_800.0, 11_950.0, 12_000.0]
+    m0, *_ = median_interval(base)
+    m1, lo, hi, _ = median_interval(base + [670.0])
+    assert abs(m1 - m0) <= 100.0  # the median moves by at most half a neighbour gap
+    assert abs(sum(base + [670.0]) / 6 - m0) > 1_800.0  # where the mean went
+    t = Trial(config=Config.serial(2), samples=base + [670.0], status="ok")
+    assert t.estimate == m1 and t.score() == m1 and t.mean < 10_500.0
+    assert lo == 670.0 and hi == 12_050.0  # the interval widens instead: it saw the outlier
 
 
-def test_half_width_is_t_times_standard_error():
-    m, hw = mean_half_width([100.0, 102.0, 98.0])
-    assert m == pytest.approx(100.0)
-    assert hw == pytest.approx(4.303 * 2.0 / math.sqrt(3))
-    m, hw = mean_half_width([7.0])
-    assert m == 7.0 and hw == math.inf
-    m, hw = mean_half_width([])
-    assert math.isnan(m) and hw == math.inf
-    assert mean_half_width([5.0, 5.0, 5.0]) == (5.0, 0.0)
+def test_an_interval_needs_three_samples():
+    for xs in ([], [5.0], [5.0, 6.0]):
+        m, lo, hi, conf = median_interval(xs)
+        assert (lo, hi) == (-math.inf, math.inf) and math.isnan(conf)
+        t = Trial(config=Config.serial(2), samples=list(xs), status="ok")
+        assert t.half_width == math.inf and t.interval_text() == ""
+    assert median_interval([5.0, 6.0])[0] == 5.5
+    assert math.isnan(median_interval([])[0])
+    m, lo, hi, conf = median_interval([3.0, 1.0, 2.0])
+    assert (m, lo, hi) == (2.0, 1.0, 3.0) and conf == pytest.approx(0.75)
+
+
+def test_the_interval_is_the_order_statistic_one_with_its_exact_confidence():
+    # [x(k), x(n+1-k)] covers the median with probability 1 - 2 P(Bin(n, 1/2) < k).
+    for n, conf in ((4, 0.875), (5, 0.9375), (6, 1 - 2 / 64)):
+        assert median_interval(list(map(float, range(n))))[3] == pytest.approx(conf)
+    m, lo, hi, conf = median_interval([float(x) for x in range(1, 11)])  # n=10: k=2 (97.9%), k=3 is 89%
+    assert (lo, hi) == (2.0, 9.0) and conf == pytest.approx(1 - 2 * 11 / 1024)
+    m, lo, hi, conf = median_interval([float(x) for x in range(1, 21)], level=0.95)
+    assert conf >= 0.95 and (lo, hi) == (6.0, 15.0)  # n=20: k=6 (95.9%); k=7 would be 88.5%
+
+
+def test_coverage_holds_on_a_heavy_tailed_distribution():
+    """Distribution-free: on Cauchy-like samples the interval still covers the true median
+    at least as often as its confidence says (seeded, so the test is deterministic)."""
+    rng = np.random.default_rng(0)
+    for n in (3, 6, 9):
+        hits, conf = 0, median_interval([0.0] * n)[3]
+        for _ in range(2000):
+            _, lo, hi, _ = median_interval(1000.0 + 50.0 * rng.standard_cauchy(n))
+            hits += lo <= 1000.0 <= hi
+        assert hits / 2000 >= conf - 0.03, (n, hits / 2000, conf)
+
+
+def test_ratio_compares_estimates_and_is_nan_without_a_measurement():
+    a = Trial(config=Config.serial(2), samples=[200.0, 210.0, 190.0], status="ok")
+    b = Trial(config=Config(num_actors=2, envs_per_actor=1), samples=[100.0, 100.0, 5.0], status="ok")
+    assert ratio(a, b) == pytest.approx(2.0)
+    assert math.isnan(ratio(a, None)) and math.isnan(ratio(a, Trial(config=Config.serial(2))))
 
 
 def test_protocol_rejects_settings_that_cannot_work():
@@ -145,7 +176,7 @@ def test_warmup_is_discarded_and_a_steady_config_converges_at_min_samples():
     assert t.status == "ok" and t.stop_reason == "converged"
     assert t.warmup == [pytest.approx(250.0)]  # the slow first collect is kept apart...
     assert t.samples == [pytest.approx(1000.0)] * 3  # ...and not in the samples
-    assert t.mean == pytest.approx(1000.0) and t.half_width == pytest.approx(0.0)
+    assert t.estimate == pytest.approx(1000.0) and t.half_width == pytest.approx(0.0)
     assert t.reconfigure_seconds == pytest.approx(0.7)  # timed apart from throughput
     assert ex.collects == 1 + 3
     assert ex.config == target
@@ -160,7 +191,7 @@ def test_a_noisy_config_hits_max_samples_and_keeps_every_sample():
     assert t.stop_reason == "max_samples"
     assert t.n == 7 and ex.collects == 8
     assert len(set(t.samples)) == 7  # every collect's own value, none dropped
-    assert t.half_width > 0.01 * t.mean
+    assert t.half_width > 0.01 * t.estimate
 
 
 def test_stopping_rule_stops_as_soon_as_the_interval_is_tight_enough():
@@ -168,13 +199,13 @@ def test_stopping_rule_stops_as_soon_as_the_interval_is_tight_enough():
     rec = TrialRecorder(tr, MeasureProtocol(rel_half_width=0.05, min_samples=3, max_samples=10), warmup=0)
     assert rec.add(100.0) is False
     assert rec.add(130.0) is False  # two samples: below min_samples regardless
-    assert rec.add(70.0) is False   # mean 100, half-width ~75: keep going
+    assert rec.add(70.0) is False   # median 100, interval [70, 130]: keep going
     for _ in range(20):
         if rec.add(100.0):
             break
     assert tr.stop_reason in ("converged", "max_samples")
-    m, hw = mean_half_width(tr.samples)
-    assert (hw <= 0.05 * m) == (tr.stop_reason == "converged")
+    m, lo, hi, _ = median_interval(tr.samples)
+    assert (max(m - lo, hi - m) <= 0.05 * m) == (tr.stop_reason == "converged")
     assert tr.n <= 10
 
 
@@ -220,17 +251,18 @@ def test_trial_round_trips_through_a_dict_without_inf_or_nan():
 
 
 # ---------------------------------------------------------------------------- interleaving
-def test_interleaved_remeasure_goes_round_robin_and_reconfigures_between():
+def test_interleaved_remeasure_alternates_direction_and_warms_up_after_each_reconfigure():
     a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
     speeds = {a: 1000.0, b: 2000.0}
     ex = FakeExecutor(4, lambda c: speeds[c], warmup_factor=0.5)
     trials = remeasure_interleaved(ex, [a, b], 10, MeasureProtocol(), min_rounds=3, max_rounds=3,
                                    clock=ex.clock)
     order = [c for kind, c in ex.log if kind == "reconfigure"]
-    assert order == [b, a, b, a, b]  # starts on a (already configured), then alternates
+    # a b | b a | a b: a starts configured; the config ending a round starts the next one
+    assert order == [b, a, b]
     assert [t.config for t in trials] == [a, b]
-    assert all(t.source == "final" and t.n == 3 and len(t.warmup) == 3 for t in trials)
-    assert trials[1].mean == pytest.approx(2000.0) and trials[0].mean == pytest.approx(1000.0)
+    assert all(t.source == "final" and t.n == 3 and len(t.warmup) == 2 for t in trials)
+    assert trials[1].estimate == pytest.approx(2000.0) and trials[0].estimate == pytest.approx(1000.0)
     assert all(w == pytest.approx(0.5 * speeds[t.config]) for t in trials for w in t.warmup)
 
 
@@ -238,14 +270,14 @@ def test_interleaved_remeasure_stops_early_once_every_interval_is_tight():
     a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
     ex = FakeExecutor(4, const(1000.0))
     trials = remeasure_interleaved(ex, [a, b], 10, MeasureProtocol(), min_rounds=2, max_rounds=6, clock=ex.clock)
-    assert all(t.n == 2 and t.stop_reason == "converged" for t in trials)
+    assert all(t.n == 3 and t.stop_reason == "converged" for t in trials)  # 3: the first with an interval
 
 
 def test_a_clearly_slower_config_stops_early_but_a_close_one_does_not():
     ex = FakeExecutor(4, const(1000.0), noise=0.02, seed=3)
     p = MeasureProtocol(rel_half_width=0.001, max_samples=10, max_seconds=None)
     slow = measure(ex, Config(num_actors=2, envs_per_actor=2), 10, p, clock=ex.clock, reference=5000.0)
-    assert slow.stop_reason == "slower" and slow.n == 2 and slow.status == "ok"
+    assert slow.stop_reason == "slower" and slow.n == 3 and slow.status == "ok"  # 3: an interval
     close = measure(ex, Config(num_actors=4, envs_per_actor=1), 10, p, clock=ex.clock, reference=990.0)
     assert close.stop_reason == "max_samples" and close.n == 10
 

@@ -175,21 +175,65 @@ def test_a_config_that_measured_fast_once_loses_in_the_final_remeasure():
 
     ex = TrapExecutor(4, lambda c: speeds[c], noise=0.01, config=start)
     result = Tuner(ListStrategy([trap]), cache=False, clock=ex.clock).tune(ex, 16)
-    search = {t.config: t.mean for t in result.trials}
+    search = {t.config: t.estimate for t in result.trials}
     assert search[trap] > search[start]  # the trap did look best during the search
-    final = {t.config: t.mean for t in result.final}
-    assert set(final) == {trap}  # the only contender; start and serial were clearly slower
-    assert final[trap] < search[start]  # re-measured, the trap shows its true speed
+    # The only contender, so nothing to decide: it is confirmed with start and serial.
+    assert [t.source for t in result.final] == ["confirm"] * 3
+    final = {t.config: t.estimate for t in result.final}
+    assert set(final) == {trap, start, Config.serial(4)}
+    assert final[trap] < final[start]  # re-measured, the trap shows its true speed
     assert result.choice == start and ex.config == start
+    assert result.choice_trial.source == "confirm" and "measured slower than the start config" in result.reason
+
+
+def test_the_final_rounds_remeasure_start_and_serial_with_the_choice_and_ratios_use_them():
+    """Even clearly slower start and serial configs are re-measured, interleaved with the
+    choice after it was chosen; the printed ratios divide numbers from those same rounds."""
+    start = Config(num_actors=2, envs_per_actor=2)
+    best = Config(envs_per_actor=4, env_parallel_degree=2)
+    speeds = {Config.serial(4): 500.0, start: 1000.0, best: 3000.0}
+    ex = FakeExecutor(4, lambda c: speeds[c], noise=0.02, config=start)
+    result = Tuner(ListStrategy([best]), cache=False, clock=ex.clock).tune(ex, 16)
+    confirm = [t for t in result.final if t.source == "confirm"]
+    assert {t.config for t in confirm} == {best, start, Config.serial(4)}
+    assert all(t.n >= 3 for t in confirm)  # enough for an interval each
+    by = {t.config: t for t in confirm}
+    assert result.choice_trial is by[best]
+    assert result.reference_trial("start") is by[start] and result.reference_trial("serial") is by[Config.serial(4)]
+    assert result.speedup("serial") == pytest.approx(by[best].estimate / by[Config.serial(4)].estimate)
+    assert f"{result.speedup('serial'):.2f}x serial" in result.reason
+    # Interleaved: the rounds alternate between the three, not one config's samples in a row.
+    collected = [c for kind, c in ex.log if kind == "collect"][-len(ex.log):]
+    tail = collected[-sum(len(t.samples) + len(t.warmup) for t in confirm):]
+    assert len({tail[0], tail[len(tail) // 2], tail[-1]}) >= 2
+
+
+def test_the_printed_figure_comes_from_rounds_after_the_choice():
+    """Winner's curse: two equal configs, one of which drew lucky samples in the search. The
+    figure printed for the choice is not from the samples that made it win."""
+    start = Config.serial(4)
+    a, b = Config(num_actors=2, envs_per_actor=2), Config(envs_per_actor=4, env_parallel_degree=2)
+    speeds = {start: 500.0, a: 1000.0, b: 1000.0}
+
+    class Lucky(FakeExecutor):
+        def collect(self, num_steps):
+            r = super().collect(num_steps)
+            if self.config == a and self.collects <= 12:  # lucky during the search only
+                r.stats.seconds /= 1.3
+            return r
+
+    ex = Lucky(4, lambda c: speeds[c], noise=0.01, config=start)
+    result = Tuner(ListStrategy([a, b]), cache=False, clock=ex.clock, top_k=0).tune(ex, 16)
+    searched = {t.config: t for t in result.trials}
+    assert searched[a].estimate > 1.2 * searched[b].estimate  # a won the search by luck
+    ct = result.choice_trial
+    assert ct.source == "confirm" and not set(ct.samples) & set(searched[ct.config].samples)
+    assert result.throughput == pytest.approx(1000.0, rel=0.05)  # its true speed, not the lucky 1,300
 
 
 def deciding(result, config):
-    """The measurement a config was judged on: its final re-measure, else its search trial."""
-    for pool in (result.final, result.trials[::-1]):
-        for t in pool:
-            if t.config == config and t.ok:
-                return t
-    return None
+    """The measurement a config is printed with: its confirm rounds, else its search trial."""
+    return result._trial_of(config)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -294,7 +338,8 @@ def test_progress_events_and_status_are_plain_json():
     assert st["phase"] == "done" and st["trials"] == len(result.trials)
     assert st["best_config"] == result.choice.to_dict()
     assert st["space"]["configs"] == len(space)
-    assert result.table().splitlines()[0].split()[:2] == ["steps/s", "+-"]
+    assert result.table().splitlines()[0].split()[:2] == ["steps/s", "interval"]
+    assert sum(ln.endswith(" *") for ln in result.table().splitlines()) == 1  # one starred row
 
 
 # ---------------------------------------------------------------------------- real executor

@@ -37,6 +37,10 @@ class SerialExecutor(Executor):
             self.policy.to(config.policy_device)
         elif config.policy_device != (self._config.policy_device if self._config else "cpu"):
             self.policy.to(config.policy_device)
+        # The torch thread count is chosen on the first batch (PolicyRunner's thread rule);
+        # a new layout may hand the policy other batch sizes or another device.
+        assert self._policy is not None
+        self._policy.recalibrate()
         env_lane = LocalEnvLane(self._envs)
         pol_lane = LocalPolicyLane(self._policy)
         self._loops = [

@@ -3,7 +3,7 @@
 - :mod:`~auturi.tuner.space`: every valid config for the workload on this machine, with
   pruned points and their reasons;
 - :mod:`~auturi.tuner.measure`: the protocol every strategy shares (reconfigure, warm-up,
-  measure until the 95% confidence interval is tight), and :class:`Trial`;
+  measure until the median's distribution-free interval is tight), and :class:`Trial`;
 - :mod:`~auturi.tuner.strategies`: ``grid``, ``optuna`` and ``model`` (the default);
 - :mod:`~auturi.tuner.profile`: component profiling and the analytic model;
 - :mod:`~auturi.tuner.tuner`: :class:`Tuner` (offline) and :class:`OnlineTuner`;
@@ -30,8 +30,8 @@ from auturi.tuner.cache import (
 from auturi.tuner.measure import (
     MeasureProtocol,
     Trial,
-    mean_half_width,
     measure,
+    median_interval,
     remeasure_interleaved,
 )
 from auturi.tuner.profile import Profile, predict, profile_executor
@@ -64,8 +64,8 @@ __all__ = [
     "hardware_fingerprint",
     "load_record",
     "make_strategy",
-    "mean_half_width",
     "measure",
+    "median_interval",
     "predict",
     "profile_executor",
     "remeasure_interleaved",

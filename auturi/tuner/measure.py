@@ -4,19 +4,27 @@ One trial of a config:
 
 1. ``executor.reconfigure(config)``, timed and reported apart from throughput;
 2. one warm-up collect (``warmup_collects``), discarded: it pays for first-touch page faults,
-   lazily built models and caches, and would bias the mean;
-3. measured collects until the 95% confidence half-width of the mean throughput is at most
-   ``rel_half_width`` of the mean (after ``min_samples``), or a cap is hit
-   (``max_samples``, ``max_seconds``, or the tuner's deadline).
+   lazily built models and caches, and would bias the estimate;
+3. measured collects until the interval of the estimate is within ``rel_half_width`` of it
+   (after ``min_samples``), or a cap is hit (``max_samples``, ``max_seconds``, or the tuner's
+   deadline).
 
 Throughput is env steps per wall second of one collect (``rollout.stats.steps_per_second``).
 Every sample is kept, so a results file can be re-analysed.
 
+The statistics are robust (:func:`median_interval`): the estimate is the **median** of the
+samples, so one collect that a neighbour's job stalled does not move it, and its interval is
+the distribution-free order-statistic interval for the median, valid for any distribution
+and any sample size: ``[x(k), x(n+1-k)]`` of the sorted samples covers the true median with
+probability ``1 - 2 P(Binomial(n, 1/2) < k)``. It needs at least 3 samples
+(:data:`MIN_INTERVAL_SAMPLES`); below 6 samples no such interval reaches 95%, so it is the
+samples' range with its exact confidence (75% at 3, 88% at 4, 94% at 5), and from 6 the
+narrowest with at least 95%. The confidence is reported with every interval.
+
 Example:
-    >>> from auturi.tuner.measure import mean_half_width
-    >>> m, hw = mean_half_width([100.0, 102.0, 98.0])
-    >>> round(m, 1), round(hw, 2)
-    (100.0, 4.97)
+    >>> from auturi.tuner.measure import median_interval
+    >>> median_interval([100.0, 102.0, 98.0, 99.0, 670.0])  # the outlier does not move it
+    (100.0, 98.0, 670.0, 0.9375)
 """
 from __future__ import annotations
 
@@ -30,44 +38,42 @@ from typing import Any
 from auturi.config import Config
 from auturi.errors import ConfigError
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (scipy is not a dependency).
-_T95 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-    11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-    20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-    29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980,
-}
-_Z95 = statistics.NormalDist().inv_cdf(0.975)
+MIN_INTERVAL_SAMPLES = 3
+"""No interval is given for fewer samples: two cannot show an outlier."""
 
 
-def t95(df: int) -> float:
-    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (``df >= 1``).
-
-    Exact table values to 30, then interpolated in ``1/df`` (towards the normal quantile
-    past 120)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df in _T95:
-        return _T95[df]
-    if df > 120:  # t approaches the normal quantile linearly in 1/df
-        return _Z95 + (_T95[120] - _Z95) * 120 / df
-    keys = sorted(_T95)
-    lo = max(k for k in keys if k < df)
-    hi = min(k for k in keys if k > df)
-    w = (1 / lo - 1 / df) / (1 / lo - 1 / hi)
-    return _T95[lo] + w * (_T95[hi] - _T95[lo])
+def _below_prob(k: int, n: int) -> float:
+    """P(Binomial(n, 1/2) < k)."""
+    return sum(math.comb(n, i) for i in range(k)) / 2.0 ** n
 
 
-def mean_half_width(samples: Sequence[float]) -> tuple[float, float]:
-    """Mean and 95% confidence half-width (``t * s / sqrt(n)``); half-width is ``inf``
-    below two samples, the mean ``nan`` with none."""
-    n = len(samples)
+def median_interval(samples: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """The median of ``samples`` and its distribution-free interval: ``(median, low, high,
+    confidence)``. The interval is the narrowest order-statistic one whose confidence is at
+    least ``level``; with too few samples for that, the samples' range and its (lower)
+    confidence. Below :data:`MIN_INTERVAL_SAMPLES` samples: ``(median, -inf, inf, nan)``
+    (``nan`` median without samples)."""
+    xs = sorted(float(x) for x in samples)
+    n = len(xs)
     if n == 0:
-        return math.nan, math.inf
-    m = statistics.fmean(samples)
-    if n == 1:
-        return m, math.inf
-    return m, t95(n - 1) * statistics.stdev(samples) / math.sqrt(n)
+        return math.nan, -math.inf, math.inf, math.nan
+    med = statistics.median(xs)
+    if n < MIN_INTERVAL_SAMPLES:
+        return med, -math.inf, math.inf, math.nan
+    k, conf = 1, 1 - 2 * _below_prob(1, n)
+    for j in range(2, n // 2 + 1):
+        c = 1 - 2 * _below_prob(j, n)
+        if c < level:
+            break
+        k, conf = j, c
+    return med, xs[k - 1], xs[n - k], conf
+
+
+def ratio(a: Trial | None, b: Trial | None) -> float:
+    """``a``'s estimate over ``b``'s (``nan`` when either is missing or not ok)."""
+    if a is None or b is None or not (a.ok and b.ok) or not b.estimate > 0:
+        return math.nan
+    return a.estimate / b.estimate
 
 
 @dataclass
@@ -75,9 +81,9 @@ class MeasureProtocol:
     """When to stop measuring one config."""
 
     rel_half_width: float = 0.05
-    """Stop once the 95% half-width is at most this fraction of the mean."""
+    """Stop once both ends of the estimate's interval are within this fraction of it."""
     min_samples: int = 3
-    """Measured collects before the rule may stop (at least 2: one sample has no spread)."""
+    """Measured collects before the rule may stop (an interval needs 3 whatever this says)."""
     max_samples: int = 10
     """Cap on measured collects."""
     max_seconds: float | None = 20.0
@@ -90,7 +96,7 @@ class MeasureProtocol:
         if not 0 < self.rel_half_width < 1:
             raise ValueError(f"rel_half_width must be in (0, 1), got {self.rel_half_width}")
         if self.min_samples < 2:
-            raise ValueError(f"min_samples must be >= 2 (a confidence interval needs two samples), "
+            raise ValueError(f"min_samples must be >= 2 (an interval needs {MIN_INTERVAL_SAMPLES} samples), "
                              f"got {self.min_samples}")
         if self.max_samples < self.min_samples:
             raise ValueError(f"max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
@@ -140,32 +146,61 @@ class Trial:
         return len(self.samples)
 
     @property
+    def stats(self) -> tuple[float, float, float, float]:
+        """``(estimate, low, high, confidence)``: see :func:`median_interval`."""
+        return median_interval(self.samples)
+
+    @property
+    def estimate(self) -> float:
+        """The robust throughput estimate: the median of the samples (steps/s)."""
+        return self.stats[0]
+
+    @property
+    def low(self) -> float:
+        """Lower end of the estimate's interval (``-inf`` below 3 samples)."""
+        return self.stats[1]
+
+    @property
+    def high(self) -> float:
+        """Upper end of the estimate's interval (``inf`` below 3 samples)."""
+        return self.stats[2]
+
+    @property
+    def confidence(self) -> float:
+        """The interval's exact confidence (``nan`` below 3 samples)."""
+        return self.stats[3]
+
+    @property
     def mean(self) -> float:
-        """Mean throughput (steps/s); ``nan`` without samples."""
-        return mean_half_width(self.samples)[0]
+        """The arithmetic mean (kept for re-analysis; choices use :attr:`estimate`)."""
+        return statistics.fmean(self.samples) if self.samples else math.nan
 
     @property
     def half_width(self) -> float:
-        """95% confidence half-width of the mean (steps/s); ``inf`` below two samples."""
-        return mean_half_width(self.samples)[1]
+        """The larger distance from the estimate to an end of its interval (``inf`` below
+        3 samples)."""
+        m, lo, hi, _ = self.stats
+        return max(m - lo, hi - m) if math.isfinite(lo) else math.inf
 
     @property
     def rel_half_width(self) -> float:
-        m, hw = mean_half_width(self.samples)
-        return hw / m if m and math.isfinite(m) else math.inf
+        m = self.estimate
+        return self.half_width / m if m and math.isfinite(m) else math.inf
 
     @property
     def ok(self) -> bool:
         return self.status == "ok" and bool(self.samples)
 
     def score(self) -> float:
-        """The mean for ranking; ``-inf`` for a trial that cannot be chosen."""
-        return self.mean if self.ok else -math.inf
+        """The estimate for ranking; ``-inf`` for a trial that cannot be chosen."""
+        return self.estimate if self.ok else -math.inf
 
     def to_dict(self) -> dict[str, Any]:
+        m, lo, hi, conf = self.stats
         return {
             "config": self.config.to_dict(), "source": self.source, "status": self.status,
-            "stop_reason": self.stop_reason, "error": self.error, "mean": _num(self.mean),
+            "stop_reason": self.stop_reason, "error": self.error, "median": _num(m), "low": _num(lo),
+            "high": _num(hi), "confidence": _num(conf), "mean": _num(self.mean),
             "half_width": _num(self.half_width), "n": self.n, "samples": list(self.samples),
             "warmup": list(self.warmup), "reconfigure_seconds": self.reconfigure_seconds,
             "predicted": _num(self.predicted), "started": self.started, "seconds": self.seconds,
@@ -179,11 +214,18 @@ class Trial:
                    source=d.get("source", ""), predicted=d.get("predicted"), started=d.get("started", 0.0),
                    seconds=d.get("seconds", 0.0))
 
+    def interval_text(self) -> str:
+        """``"[low, high] 94%"``, or ``""`` without an interval."""
+        m, lo, hi, conf = self.stats
+        if not math.isfinite(lo):
+            return ""
+        return f"[{lo:,.0f}, {hi:,.0f}] {conf:.0%}"
+
     def __str__(self) -> str:
         if not self.ok:
             return f"{self.config}: {self.status} {self.error or ''}".rstrip()
-        hw = f"{self.half_width:,.0f}" if math.isfinite(self.half_width) else "?"
-        return f"{self.config}: {self.mean:,.0f} +- {hw} steps/s (n={self.n}, {self.source})"
+        iv = self.interval_text()
+        return f"{self.config}: {self.estimate:,.0f}{' ' + iv if iv else ''} steps/s (n={self.n}, {self.source})"
 
 
 def throughput_of(rollout: Any, seconds: float, steps: int) -> float:
@@ -230,9 +272,10 @@ class TrialRecorder:
         """Why the trial should stop now, or ``""``."""
         tr, p = self.trial, self.protocol
         n = tr.n
-        if n >= p.min_samples and tr.half_width <= p.rel_half_width * tr.mean:
+        m, lo, hi, _ = tr.stats
+        if n >= p.min_samples and hi - m <= p.rel_half_width * m and m - lo <= p.rel_half_width * m:
             return "converged"
-        if self.reference is not None and n >= 2 and tr.mean + tr.half_width < self.reference:
+        if self.reference is not None and hi < self.reference:
             return "slower"  # clearly slower than a config already measured: no need to pin it down
         if n >= p.max_samples:
             return "max_samples"
@@ -313,46 +356,31 @@ def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProt
 def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: int,
                           protocol: MeasureProtocol | None = None, *, min_rounds: int = 2, max_rounds: int = 3,
                           samples_per_round: int = 1, clock: Callable[[], float] = time.perf_counter,
-                          deadline: float | None = None,
+                          deadline: float | None = None, source: str = "final",
                           on_sample: Callable[[Trial, float], None] | None = None) -> list[Trial]:
-    """Re-measure ``configs`` round robin (reconfigure, warm-up, ``samples_per_round``
+    """Re-measure ``configs`` in rounds (reconfigure, warm-up, ``samples_per_round``
     measured collects each visit) so slow drifts of the machine hit all of them alike.
 
-    Stops after ``min_rounds`` once every trial's half-width is within the protocol's
-    fraction or the fastest one's interval lies above all the others' (the choice is
-    settled), or after ``max_rounds``, or once each has two samples and another round as long
-    as the last would end past ``deadline``.
-    Returns one ``"final"`` trial per config, in the given order.
+    Rounds alternate direction (a b c, c b a, ...): a linear drift then hits every config
+    alike, and the config ending one round starts the next without a reconfigure or a
+    warm-up. Stops after ``min_rounds`` once every interval is within the protocol's fraction
+    (``converged``) or the fastest one's interval lies above all the others' (``separated``),
+    or after ``max_rounds`` (``max_rounds``), or once each has two samples and another round
+    as long as the last would end past ``deadline`` (``budget``).
+    Returns one trial per config (source ``source``), in the given order.
     """
     p = protocol or MeasureProtocol()
-    trials = [Trial(config=c, source="final") for c in configs]
-    single = len(configs) == 1
+    trials = [Trial(config=c, source=source) for c in configs]
+    last: Trial | None = None
+    reason = "max_rounds"
     for r in range(max_rounds):
         r0 = clock()
-        for tr in trials:
-            s0 = clock()
-            try:
-                tr.reconfigure_seconds += float(executor.reconfigure(tr.config) or 0.0)
-                # A lone config stays configured: it only needs warming once.
-                for _ in range(p.warmup_collects if (r == 0 or not single) else 0):
-                    c0 = clock()
-                    tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0,
-                                                   num_steps * tr.config.num_envs))
-                for _ in range(samples_per_round):
-                    c0 = clock()
-                    sps = throughput_of(executor.collect(num_steps), clock() - c0, num_steps * tr.config.num_envs)
-                    tr.samples.append(sps)
-                    if on_sample is not None:
-                        on_sample(tr, sps)
-            except ConfigError as e:
-                tr.status, tr.error, tr.exception = "invalid", str(e), e
-            except Exception as e:
-                tr.status, tr.error, tr.exception = "failed", f"{type(e).__name__}: {e}", e
-                raise
-            finally:
-                tr.seconds += clock() - s0
+        for tr in (trials if r % 2 == 0 else trials[::-1]):
+            _visit(executor, tr, num_steps, p.warmup_collects if tr is not last else 0, samples_per_round,
+                   clock, on_sample)
+            last = tr
         live = [t for t in trials if t.status != "invalid"]
-        if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.mean for t in live):
+        if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.estimate for t in live):
             reason = "converged"
             break
         if r + 1 >= min_rounds and _separated(live):
@@ -363,18 +391,43 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         if deadline is not None and now + (now - r0) > deadline and all(len(t.samples) >= 2 for t in live):
             reason = "budget"
             break
-    else:
-        reason = "max_rounds"
     for tr in trials:
         if tr.status == "running":
             tr.status, tr.stop_reason = "ok", reason
     return trials
 
 
+def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, clock: Callable[[], float],
+           on_sample: Callable[[Trial, float], None] | None) -> None:
+    """One visit of the interleaved re-measure: reconfigure, warm up, measure."""
+    if tr.status == "invalid":
+        return
+    s0 = clock()
+    steps = num_steps * tr.config.num_envs
+    try:
+        tr.reconfigure_seconds += float(executor.reconfigure(tr.config) or 0.0)
+        for _ in range(warmup):
+            c0 = clock()
+            tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0, steps))
+        for _ in range(samples):
+            c0 = clock()
+            sps = throughput_of(executor.collect(num_steps), clock() - c0, steps)
+            tr.samples.append(sps)
+            if on_sample is not None:
+                on_sample(tr, sps)
+    except ConfigError as e:
+        tr.status, tr.error, tr.exception = "invalid", str(e), e
+    except Exception as e:
+        tr.status, tr.error, tr.exception = "failed", f"{type(e).__name__}: {e}", e
+        raise
+    finally:
+        tr.seconds += clock() - s0
+
+
 def _separated(trials: Sequence[Trial]) -> bool:
     """True when the fastest trial's interval lies entirely above every other's."""
     if len(trials) < 2:
         return True
-    ranked = sorted(trials, key=lambda t: -t.mean)
+    ranked = sorted(trials, key=lambda t: -t.estimate)
     top = ranked[0]
-    return all(top.mean - top.half_width > t.mean + t.half_width for t in ranked[1:])
+    return all(top.low > t.high for t in ranked[1:])

@@ -308,6 +308,8 @@ def time_policy(policy: Any, obs: np.ndarray, batch_sizes: Sequence[int], device
     policy moved to ``device`` (the executor's own policy object is left where it is)."""
     import cloudpickle
 
+    from auturi.executor.policy_runner import best_threads, torch_threads, uses_torch
+
     replica = cloudpickle.loads(cloudpickle.dumps(policy))
     state = policy.get_state()
     if state:
@@ -322,12 +324,15 @@ def time_policy(policy: Any, obs: np.ndarray, batch_sizes: Sequence[int], device
         noise = rng.random((b, k), dtype=np.float32)
         for _ in range(2):  # first calls build the model, allocate, pick kernels
             replica.act(batch, noise)
+        # Timed at the torch thread count the executor's PolicyRunner would choose for it.
+        threads = best_threads(lambda: replica.act(batch, noise)) if uses_torch(replica) else None
         ts: list[float] = []
-        c0, w0 = time.process_time(), time.perf_counter()
-        while len(ts) < max_calls and (len(ts) < min_calls or time.perf_counter() - w0 < seconds):
-            t = time.perf_counter()
-            replica.act(batch, noise)
-            ts.append(time.perf_counter() - t)
+        with torch_threads(threads):
+            c0, w0 = time.process_time(), time.perf_counter()
+            while len(ts) < max_calls and (len(ts) < min_calls or time.perf_counter() - w0 < seconds):
+                t = time.perf_counter()
+                replica.act(batch, noise)
+                ts.append(time.perf_counter() - t)
         wall[b] = statistics.median(ts)
         cpu[b] = (time.process_time() - c0) / len(ts)
     return wall, cpu

@@ -82,7 +82,7 @@ def _measured(history: Sequence[Trial]) -> dict[Config, float]:
     out: dict[Config, float] = {}
     for t in history:
         if t.ok:
-            out[t.config] = t.mean
+            out[t.config] = t.estimate
     return out
 
 
@@ -195,7 +195,7 @@ class OptunaStrategy(Strategy):
             if done:
                 t = done[-1]
                 if t.ok:
-                    self._study.tell(ot, t.mean)
+                    self._study.tell(ot, t.estimate)
                 else:
                     self._study.tell(ot, state=optuna.trial.TrialState.FAIL)
                 self._told.add(id(t))
@@ -207,7 +207,7 @@ class OptunaStrategy(Strategy):
             items = dict(self._param_items(t.config))
             if all(k in self._values and v in self._values[k] for k, v in items.items()):
                 dists = {k: optuna.distributions.CategoricalDistribution(self._values[k]) for k in items}
-                self._study.add_trial(optuna.trial.create_trial(params=items, distributions=dists, value=t.mean))
+                self._study.add_trial(optuna.trial.create_trial(params=items, distributions=dists, value=t.estimate))
 
     def propose(self, history: Sequence[Trial]) -> Config | None:
         space = self._space()

@@ -49,10 +49,12 @@ from auturi.tuner.cache import (
     workload_fingerprint,
 )
 from auturi.tuner.measure import (
+    MIN_INTERVAL_SAMPLES,
     MeasureProtocol,
     Trial,
     TrialRecorder,
     measure,
+    ratio,
     remeasure_interleaved,
     throughput_of,
 )
@@ -98,7 +100,16 @@ def _fmt(x: float) -> str:
 @dataclass
 class TuneResult:
     """What an offline tuning run found. ``trials`` are the search trials in order
-    (baselines first), ``final`` the interleaved re-measure the choice was made on."""
+    (baselines first); ``final`` the re-measures after the search: the interleaved rounds
+    that decided between close finalists (source ``final``), then the rounds taken after the
+    choice was made, of the choice, the start and the serial configs (source ``confirm``).
+    The printed throughput and speed-ups come from the ``confirm`` rounds, so the choice's
+    figure is not the lucky draw that made it win, and every ratio compares numbers taken in
+    the same rounds.
+
+    ``startup_seconds``: from the process's start to the first measurement (imports, env
+    and policy set-up, fingerprints), when the caller measured it (``auturi tune`` does);
+    ``setup_seconds``: the part of it inside :meth:`Tuner.tune`."""
 
     choice: Config
     reason: str
@@ -116,9 +127,13 @@ class TuneResult:
     profile_seconds: float = 0.0
     cache_hit: bool = False
     mode: str = "offline"
+    startup_seconds: float | None = None
+    setup_seconds: float = 0.0
 
-    def _trial_of(self, config: Config) -> Trial | None:
-        for pool in (self.final, self.trials[::-1]):
+    def _trial_of(self, config: Config, pools: Sequence[list[Trial]] | None = None) -> Trial | None:
+        confirm = [t for t in self.final if t.source == "confirm"]
+        decide = [t for t in self.final if t.source != "confirm"]
+        for pool in pools if pools is not None else (confirm, decide, self.trials[::-1]):
             for t in pool:
                 if t.config == config and t.ok:
                     return t
@@ -126,19 +141,40 @@ class TuneResult:
 
     @property
     def choice_trial(self) -> Trial | None:
-        """The measurement the choice was made on."""
+        """The measurement whose numbers are printed for the choice: its ``confirm`` rounds
+        when there were any, else the re-measure or search trial it was chosen on."""
         return self._trial_of(self.choice)
 
     @property
     def throughput(self) -> float:
         t = self.choice_trial
-        return t.mean if t else math.nan
+        return t.estimate if t else math.nan
+
+    def reference_trial(self, versus: str = "start") -> Trial | None:
+        """The start's (``"start"``) or serial config's (``"serial"``) measurement that the
+        speed-up compares with: from the same rounds as :attr:`choice_trial`."""
+        ref = self.start if versus == "start" else Config.serial(self.start.num_envs)
+        ct = self.choice_trial
+        if ct is not None and ct.source in ("confirm", "final"):
+            return self._trial_of(ref, [[t for t in self.final if t.source == ct.source]])
+        return self._trial_of(ref)
 
     def speedup(self, versus: str = "start") -> float:
-        """The choice's throughput over the start (``"start"``) or serial (``"serial"``) config's."""
-        ref = self.start if versus == "start" else Config.serial(self.start.num_envs)
-        t = self._trial_of(ref)
-        return self.throughput / t.mean if t and t.mean > 0 else math.nan
+        """The choice's estimate over the start (``"start"``) or serial (``"serial"``) config's,
+        both from the same rounds (``nan`` when the reference was not measured in them)."""
+        return ratio(self.choice_trial, self.reference_trial(versus))
+
+    def counts(self) -> dict[str, int | None]:
+        """How many configs each stage measured (the table's title and the "why" line
+        both print these): ``baselines`` (start, serial, a cached choice), ``searched``
+        (the strategy's proposals), ``measured`` (both), ``decided`` (re-measured to choose
+        between close finalists), ``confirmed`` (re-measured after the choice), ``space``."""
+        baselines = sum(t.source in ("start", "serial", "cache") for t in self.trials)
+        searched = len(self.trials) - baselines
+        return {"baselines": baselines, "searched": searched, "measured": len(self.trials),
+                "decided": sum(t.source == "final" for t in self.final),
+                "confirmed": sum(t.source == "confirm" for t in self.final),
+                "space": self.space.get("configs") if isinstance(self.space, dict) else None}
 
     def to_record(self) -> dict[str, Any]:
         """The JSON results record (see :mod:`auturi.tuner.cache`)."""
@@ -146,9 +182,10 @@ class TuneResult:
 
         ct = self.choice_trial
 
-        def num(x: float) -> float | None:
-            return float(x) if math.isfinite(x) else None
+        def num(x: float | None) -> float | None:
+            return float(x) if x is not None and math.isfinite(x) else None
 
+        total = None if self.startup_seconds is None else self.startup_seconds + self.setup_seconds
         return {
             "schema": RECORD_SCHEMA, "auturi": __version__, "mode": self.mode,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -157,8 +194,14 @@ class TuneResult:
             "strategy": self.strategy, "space": self.space, "protocol": self.protocol, "budget": self.budget,
             "num_steps": self.num_steps, "start": self.start.to_dict(), "cache_hit": self.cache_hit,
             "seconds": self.seconds, "profile_seconds": self.profile_seconds,
+            "startup": {"before_tune_seconds": num(self.startup_seconds), "tune_setup_seconds": self.setup_seconds,
+                        "to_first_measurement_seconds": num(total)},
+            "counts": self.counts(),
             "trials": [t.to_dict() for t in self.trials], "final": [t.to_dict() for t in self.final],
             "choice": {"config": self.choice.to_dict(), "throughput": num(self.throughput),
+                       "low": num(ct.low) if ct else None, "high": num(ct.high) if ct else None,
+                       "confidence": num(ct.confidence) if ct else None, "n": ct.n if ct else 0,
+                       "source": ct.source if ct else None,
                        "half_width": num(ct.half_width) if ct else None, "why": self.reason,
                        "speedup_vs_start": num(self.speedup("start")),
                        "speedup_vs_serial": num(self.speedup("serial"))},
@@ -166,6 +209,7 @@ class TuneResult:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> TuneResult:
+        startup = rec.get("startup") or {}
         return cls(choice=Config.from_dict(rec["choice"]["config"]), reason=rec["choice"].get("why", ""),
                    trials=[Trial.from_dict(t) for t in rec.get("trials", [])],
                    final=[Trial.from_dict(t) for t in rec.get("final", [])],
@@ -173,7 +217,9 @@ class TuneResult:
                    strategy=rec.get("strategy", {}), space=rec.get("space", {}), protocol=rec.get("protocol", {}),
                    budget=rec.get("budget", {}), hardware=rec.get("hardware", {}), workload=rec.get("workload", {}),
                    seconds=rec.get("seconds", 0.0), profile_seconds=rec.get("profile_seconds", 0.0),
-                   cache_hit=rec.get("cache_hit", False), mode=rec.get("mode", "offline"))
+                   cache_hit=rec.get("cache_hit", False), mode=rec.get("mode", "offline"),
+                   startup_seconds=startup.get("before_tune_seconds"),
+                   setup_seconds=startup.get("tune_setup_seconds") or 0.0)
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON record to ``path``."""
@@ -183,15 +229,21 @@ class TuneResult:
     def load(cls, path: str | Path) -> TuneResult:
         return cls.from_record(load_record(path))
 
+    def rows(self) -> list[Trial]:
+        """Every trial, fastest first (the tables' order)."""
+        return sorted(self.trials + self.final, key=lambda t: -t.score())
+
     def table(self) -> str:
-        """The trials as a plain-text table, fastest first."""
-        rows = sorted((t for t in self.trials + self.final), key=lambda t: -t.score())
-        out = [f"{'steps/s':>12} {'+-':>8} {'n':>3} {'source':>7}  config"]
-        for t in rows:
+        """The trials as a plain-text table, fastest first; ``*`` marks the row whose
+        numbers are printed for the choice."""
+        ct = self.choice_trial
+        out = [f"{'steps/s':>12} {'interval':>24} {'n':>3} {'source':>7}  config"]
+        for t in self.rows():
             if t.ok:
-                out.append(f"{_fmt(t.mean):>12} {_fmt(t.half_width):>8} {t.n:>3} {t.source:>7}  {t.config}")
+                star = " *" if t is ct else ""
+                out.append(f"{_fmt(t.estimate):>12} {t.interval_text():>24} {t.n:>3} {t.source:>7}  {t.config}{star}")
             else:
-                out.append(f"{t.status:>12} {'':>8} {t.n:>3} {t.source:>7}  {t.config}  {t.error or ''}")
+                out.append(f"{t.status:>12} {'':>24} {t.n:>3} {t.source:>7}  {t.config}  {t.error or ''}")
         return "\n".join(out)
 
 
@@ -267,7 +319,7 @@ class _Session:
     def best(self, trials: Sequence[Trial] | None = None) -> Trial | None:
         """The fastest successfully measured trial."""
         ok = [t for t in (self.history if trials is None else trials) if t.ok]
-        return max(ok, key=lambda t: t.mean) if ok else None
+        return max(ok, key=lambda t: t.estimate) if ok else None
 
     def _setup(self, executor: Any, num_steps: int) -> None:
         if self.t0 is not None:
@@ -325,8 +377,11 @@ class _Session:
             "current_config": _cfg(cur.config) if cur else None,
             "current_samples": cur.n if cur else 0,
             "best_config": _cfg(best.config) if best else None,
-            "best_throughput": best.mean if best else None,
+            "best_throughput": best.estimate if best else None,
             "best_half_width": best.half_width if best and math.isfinite(best.half_width) else None,
+            "best_low": best.low if best and math.isfinite(best.low) else None,
+            "best_high": best.high if best and math.isfinite(best.high) else None,
+            "best_confidence": best.confidence if best and math.isfinite(best.confidence) else None,
             "trials": len(self.history), "trials_ok": sum(t.ok for t in self.history),
             "budget_trials": self.budget_trials, "budget_trials_left": tl,
             "budget_seconds": self.budget_seconds, "budget_seconds_left": sl,
@@ -346,9 +401,9 @@ class _Session:
         if source not in ("search", "online"):
             return None
         best = self.best()
-        if best is None or not math.isfinite(best.half_width):
+        if best is None or not math.isfinite(best.low):
             return None
-        return best.mean - best.half_width
+        return best.low
 
     def _record_trial(self, trial: Trial) -> None:
         trial.predicted = trial.predicted if trial.predicted is not None else self.strategy.predicted(trial.config)
@@ -384,6 +439,13 @@ class Tuner(_Session):
         final_rounds: ``(min, max)`` rounds of that re-measure (it stops after ``min`` once
             every interval is within ``rel_half_width`` or the fastest is clearly ahead).
         final_samples: measured collects per finalist per round.
+        confirm_rounds: after the choice is made, it is re-measured with the start and
+            serial configs in this many interleaved rounds (fewer when the budget is short),
+            at least 3 samples each; the printed throughput and speed-ups come from these
+            rounds, so the choice's figure is not the draw that made it win, and each ratio
+            compares numbers taken in the same rounds. Should the choice measure slower than
+            start or serial there, the faster of those is the choice. 0 turns this off (the
+            figures then come from the samples the choice was made on).
         space / devices / cores: the search space, or what to build it from.
         cache: None (default directory), False (no cache), a directory or a ResultsCache.
         confirm_tolerance: a cached choice is confirmed, and the search skipped, when it
@@ -400,7 +462,7 @@ class Tuner(_Session):
                  budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
                  max_samples: int = 10, max_trial_seconds: float | None = 20.0,
                  protocol: MeasureProtocol | None = None, top_k: int = 3, final_rounds: tuple[int, int] = (2, 3),
-                 final_samples: int = 2,
+                 final_samples: int = 2, confirm_rounds: int = 3,
                  space: SearchSpace | None = None, devices: Sequence[str] | None = None, cores: int | None = None,
                  cache: Any = None, confirm_tolerance: float = 0.10, callback: Callback | None = None,
                  seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
@@ -413,12 +475,18 @@ class Tuner(_Session):
         self.top_k = top_k
         self.final_rounds = final_rounds
         self.final_samples = final_samples
+        if confirm_rounds < 0:
+            raise ValueError(f"confirm_rounds must be >= 0 (0: off), got {confirm_rounds}")
+        self.confirm_rounds = confirm_rounds
+        self.setup_seconds = 0.0  # from tune() to its first measurement
         if top_k > 0 and final_rounds[1] > 0:
             self.search_budget_share = 1.0 - FINAL_SHARE
         self.confirm_tolerance = confirm_tolerance
 
     def _measure(self, executor: Any, config: Config, num_steps: int, source: str) -> Trial:
         trial = Trial(config=config, source=source)
+        if not self.history:
+            self.setup_seconds = self.elapsed()
         self.current = trial
         self._emit("trial_start", trial, message=str(config))
         t = measure(executor, config, num_steps, self.protocol, source=source, deadline=self.deadline(),
@@ -427,7 +495,7 @@ class Tuner(_Session):
         t.started = self.clock() - (self.t0 or 0.0) - t.seconds
         self.current = None
         self._record_trial(t)
-        self._emit("trial_end", t, t.mean if t.ok else None, str(t))
+        self._emit("trial_end", t, t.estimate if t.ok else None, str(t))
         if t.status == "failed":
             self.phase = "failed"
             raise TuneError(f"tuning stopped: {config} failed ({t.error}). The executor closed itself; make a "
@@ -467,53 +535,84 @@ class Tuner(_Session):
                 self._measure(executor, c, num_steps, "search")
 
         self._set_phase("final")
-        finalists = self._fit_budget(self._finalists(start, serial))
-        pool: list[Trial] = []
-        if finalists and self.top_k > 0 and self.final_rounds[1] > 0:
-            # Interleaved, so a drift of the machine (thermal, a neighbour's job) hits
-            # every finalist alike rather than favouring whichever ran in a quiet moment;
-            # a lone finalist is still re-measured, which unmasks a lucky first trial.
-            began = self.elapsed()
-            try:
-                self.final = remeasure_interleaved(
-                    executor, finalists, num_steps, self.protocol, min_rounds=self.final_rounds[0],
-                    max_rounds=self.final_rounds[1], samples_per_round=self.final_samples, clock=self.clock,
-                    deadline=None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds,
-                    on_sample=self._final_sample)
-            except Exception as e:
-                self.phase = "failed"
-                where = self.current.config if self.current else "a finalist"
-                raise TuneError(f"tuning stopped in the final re-measure: {where} failed ({type(e).__name__}: {e}). "
-                                f"The executor closed itself; make a new one.", list(self.history)) from e
-            self.current = None
-            for t in self.final:
-                t.started = began
-            # Start and serial not re-measured (clearly slower in the search) still count,
-            # by their search trials: the choice is never one measured slower than them.
-            redone = {t.config for t in self.final}
-            pool = [t for t in self.final if t.ok]
-            pool += [t for t in self.history if t.ok and t.config in (start, serial) and t.config not in redone]
-        if not any(t.ok for t in self.final):  # no re-measure (or every finalist refused it)
-            pool = [t for t in self.history if t.ok]
-        choice_trial = max(pool, key=lambda t: t.mean)
+        contenders = self._finalists(start, serial)
+        plan = self._confirm_plan([contenders[0], start, serial])
+        decide = self._fit_budget(contenders, reserve=plan[2]) if self.top_k > 0 and self.final_rounds[1] > 0 else []
+        candidate = self._decide(executor, decide, num_steps, plan[2]) if len(decide) > 1 else None
+        if candidate is None:  # one contender, or no room to re-measure several: the search's best
+            candidate = self.best([t for t in self.history if t.config == contenders[0]])
+        assert candidate is not None
+        choice_trial, note = candidate, ""
+        if plan[0] > 0:
+            confirm = self._remeasure(executor, list(dict.fromkeys([candidate.config, start, serial])), num_steps,
+                                      rounds=plan[0], samples=plan[1], source="confirm", deadline=None)
+            choice_trial, note = self._confirmed_choice(confirm, candidate.config, start, serial)
         choice = choice_trial.config
         self.choice = choice_trial
-        reason = self._reason(choice_trial, pool, start, serial, confirmed)
         executor.reconfigure(choice)
         result = TuneResult(
-            choice=choice, reason=reason, trials=list(self.history), final=list(self.final), start=start,
+            choice=choice, reason="", trials=list(self.history), final=list(self.final), start=start,
             num_steps=num_steps, strategy=self.strategy.info(), space=self.space.sizes() if self.space else {},
             protocol=self.protocol.to_dict(),
             budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "top_k": self.top_k,
-                    "final_rounds": list(self.final_rounds), "final_samples": self.final_samples},
+                    "final_rounds": list(self.final_rounds), "final_samples": self.final_samples,
+                    "confirm_rounds": plan[0], "confirm_samples_per_round": plan[1]},
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
-            profile_seconds=self.profile_seconds, cache_hit=self.cached is not None)
+            profile_seconds=self.profile_seconds, cache_hit=self.cached is not None,
+            setup_seconds=self.setup_seconds)
+        result.reason = self._reason(result, confirmed, note)
         if self.cache is not None:
             self.cache.store(result.to_record())
         self.phase = "done"
-        self._emit("choice", choice_trial, choice_trial.mean, reason)
-        self._emit("done", message=reason)
+        self._emit("choice", choice_trial, choice_trial.estimate, result.reason)
+        self._emit("done", message=result.reason)
         return result
+
+    def _remeasure(self, executor: Any, configs: list[Config], num_steps: int, *, rounds: int | tuple[int, int],
+                   samples: int, source: str, deadline: float | None) -> list[Trial]:
+        """Interleaved rounds of ``configs`` (see :func:`remeasure_interleaved`), kept in ``final``."""
+        lo, hi = (rounds, rounds) if isinstance(rounds, int) else rounds
+        began = self.elapsed()
+        try:
+            trials = remeasure_interleaved(executor, configs, num_steps, self.protocol, min_rounds=lo, max_rounds=hi,
+                                           samples_per_round=samples, clock=self.clock, deadline=deadline,
+                                           source=source, on_sample=self._final_sample)
+        except Exception as e:
+            self.phase = "failed"
+            where = self.current.config if self.current else "a finalist"
+            raise TuneError(f"tuning stopped in the final re-measure: {where} failed ({type(e).__name__}: {e}). "
+                            f"The executor closed itself; make a new one.", list(self.history)) from e
+        self.current = None
+        for t in trials:
+            t.started = began
+        self.final += trials
+        return trials
+
+    def _decide(self, executor: Any, finalists: list[Config], num_steps: int, reserve: float) -> Trial | None:
+        """Re-measure close finalists interleaved (a drift of the machine then hits them
+        alike; a lucky first trial is unmasked) and return the fastest; None if none ran."""
+        deadline = None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds - reserve
+        trials = self._remeasure(executor, finalists, num_steps, rounds=self.final_rounds,
+                                 samples=self.final_samples, source="final", deadline=deadline)
+        return self.best(trials)
+
+    def _confirmed_choice(self, confirm: list[Trial], candidate: Config, start: Config,
+                          serial: Config) -> tuple[Trial, str]:
+        """The choice's trial in the rounds taken after it was chosen; if there it measured
+        slower than the start or serial config, the faster of those instead (the choice is
+        never a config measured slower than them), with a note saying so."""
+        by = {t.config: t for t in confirm if t.ok}
+        mine = by.get(candidate)
+        refs = [by[c] for c in (start, serial) if c in by and c != candidate]
+        best_ref = max(refs, key=lambda t: t.estimate, default=None)
+        if mine is None and best_ref is None:
+            raise TuneError("the final rounds measured none of the choice, start and serial configs",
+                            list(self.history))
+        if mine is None or (best_ref is not None and best_ref.estimate > mine.estimate):
+            assert best_ref is not None
+            which = "the start config" if best_ref.config == start else "serial"
+            return best_ref, f"{candidate} measured slower than {which} after it was chosen, so {which} is the choice"
+        return mine, ""
 
     def _final_sample(self, trial: Trial, value: float) -> None:
         self.current = trial
@@ -528,8 +627,8 @@ class Tuner(_Session):
         mine = [t for t in self.history if t.config == cfg and t.ok]
         if not mine:
             return False
-        m = mine[-1].mean
-        base = max((t.mean for t in self.history if t.ok and t.config in (start, serial)), default=0.0)
+        m = mine[-1].estimate
+        base = max((t.estimate for t in self.history if t.ok and t.config in (start, serial)), default=0.0)
         close = cached_sps is None or m >= (1 - self.confirm_tolerance) * cached_sps
         return close and m >= base
 
@@ -540,60 +639,92 @@ class Tuner(_Session):
         seconds each on a real machine, and tell nothing.)"""
         by_cfg: dict[Config, Trial] = {}
         for t in self.history:
-            if t.ok and (t.config not in by_cfg or t.mean > by_cfg[t.config].mean):
+            if t.ok and (t.config not in by_cfg or t.estimate > by_cfg[t.config].estimate):
                 by_cfg[t.config] = t
         if not by_cfg:
             raise TuneError("no config could be measured (every trial was invalid); check the executor and the "
                             "search space", list(self.history))
-        ranked = sorted(by_cfg.values(), key=lambda t: -t.mean)
+        ranked = sorted(by_cfg.values(), key=lambda t: -t.estimate)
         top = ranked[0]
-        floor = top.mean - top.half_width
-        contenders = [t.config for t in ranked if t.mean + t.half_width >= floor]
-        out = contenders[:self.top_k]
+        floor = top.low
+        contenders = [t.config for t in ranked if t.high >= floor]
+        out = contenders[:max(1, self.top_k)]  # the top one at least: it is the candidate
         for c in [start, serial] + ([self.cached[0]] if self.cached else []):
             if c in contenders and c not in out:
                 out.append(c)
         return out
 
-    def _fit_budget(self, finalists: list[Config]) -> list[Config]:
+    def _visit_cost(self, config: Config, samples: int) -> float:
+        """Seconds one visit of the interleaved re-measure (reconfigure, warm-up, ``samples``
+        collects) should take, from the config's search trial."""
+        t = next((t for t in self.history if t.config == config and t.ok), None)
+        if t is None:
+            return 0.0
+        collects = len(t.warmup) + len(t.samples)
+        per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, collects)
+        return t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + samples)
+
+    def _confirm_plan(self, configs: list[Config]) -> tuple[int, int, float]:
+        """``(rounds, samples per round, estimated seconds)`` of the confirm rounds: at least
+        3 samples each (an interval needs them), in as many interleaved rounds, up to
+        ``confirm_rounds``, as what is left of ``budget_seconds`` allows (one round of 3
+        samples when even two rounds do not fit: it is never skipped)."""
+        if self.confirm_rounds <= 0:
+            return 0, 0, 0.0
+        configs = list(dict.fromkeys(configs))
+        left = math.inf if self.budget_seconds is None or self.t0 is None else \
+            self.t0 + self.budget_seconds - self.clock()
+        for rounds in range(self.confirm_rounds, 0, -1):
+            per = -(-MIN_INTERVAL_SAMPLES // rounds)
+            cost = rounds * sum(self._visit_cost(c, per) for c in configs)
+            if cost <= left or rounds == 1:
+                return rounds, per, cost
+        raise AssertionError("unreachable")
+
+    def _fit_budget(self, finalists: list[Config], reserve: float = 0.0) -> list[Config]:
         """The finalists, in rank order, whose re-measure fits in what is left of
-        ``budget_seconds``, each costed from its search trial (reconfigure, then warm-up and
-        ``final_samples`` collects at the rate it measured, for the rounds that give it two
-        samples). Those left out are not chosen, except start and serial, which still count
-        by their search trials; with no budget, all of them."""
+        ``budget_seconds`` after ``reserve`` (the confirm rounds), each costed from its search
+        trial for the rounds that give it two samples. With no budget, all of them."""
         if self.budget_seconds is None or self.t0 is None:
             return finalists
-        left = self.t0 + self.budget_seconds - self.clock()
-        trials = {t.config: t for t in self.history if t.ok}
+        left = self.t0 + self.budget_seconds - self.clock() - reserve
+        rounds = -(-2 // max(1, self.final_samples))
         out: list[Config] = []
         for c in finalists:
-            t = trials[c]
-            collects = len(t.warmup) + len(t.samples)
-            per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, collects)
-            rounds = -(-2 // max(1, self.final_samples))  # the re-measure runs until each has two samples
-            left -= rounds * (t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + self.final_samples))
+            left -= rounds * self._visit_cost(c, self.final_samples)
             if left < 0:
                 break
             out.append(c)
         return out
 
-    def _reason(self, choice: Trial, pool: list[Trial], start: Config, serial: Config, confirmed: bool) -> str:
-        by = {t.config: t for t in pool}
-        how = (f"fastest of {len(pool)} configs, {len(self.final)} of them re-measured at the end" if self.final
-               else f"fastest of {len(pool)} measured configs")
-        parts = [f"{how}: {_fmt(choice.mean)} +- {_fmt(choice.half_width)} steps/s"]
-        for name, ref in (("the start config", start), ("serial", serial)):
-            if ref == choice.config:
+    def _reason(self, result: TuneResult, confirmed: bool, note: str) -> str:
+        """The "why" line: the counts of :meth:`TuneResult.counts` (the table's title prints
+        the same) and the figures of the starred row."""
+        k = result.counts()
+        ct = result.choice_trial
+        assert ct is not None
+        parts = [f"{k['measured']} configs measured ({k['baselines']} baselines + {k['searched']} of "
+                 f"{k['space'] if k['space'] is not None else '?'} searched, {self.strategy.name})"]
+        if k["decided"]:
+            parts.append(f"{k['decided']} close ones re-measured interleaved to choose")
+        if ct.source == "confirm":
+            parts.append(f"then the choice, start and serial re-measured in {result.budget.get('confirm_rounds')} "
+                         f"interleaved rounds: {_fmt(ct.estimate)} steps/s (median of {ct.n})")
+        else:
+            parts.append(f"{_fmt(ct.estimate)} steps/s from the samples it was chosen on (not re-measured "
+                         f"after: may be optimistic)")
+        for name, versus in (("the start config", "start"), ("serial", "serial")):
+            ref = result.reference_trial(versus)
+            if ref is not None and ref.config == ct.config:
                 parts.append(f"it is {name}")
-            elif ref in by:
-                parts.append(f"{choice.mean / by[ref].mean:.2f}x {name} ({_fmt(by[ref].mean)})")
+            elif ref is not None:
+                parts.append(f"{ratio(ct, ref):.2f}x {name} ({_fmt(ref.estimate)})")
+        if note:
+            parts.append(note)
         if confirmed:
             parts.append("the cached choice was confirmed, so the search was skipped")
         elif self.cached:
             parts.append("the cached choice was not confirmed, so the search ran")
-        searched = sum(t.source == "search" for t in self.history)
-        parts.append(f"{searched} of {len(self.space) if self.space else '?'} configs searched "
-                     f"({self.strategy.name})")
         return "; ".join(parts)
 
 
@@ -685,8 +816,8 @@ class OnlineTuner(_Session):
         self.collects += 1
         if self.phase in ("explore", "research"):
             best = self.best()
-            if best is not None and best.mean:
-                self.search_cost += max(0.0, seconds - steps / best.mean)
+            if best is not None and best.estimate:
+                self.search_cost += max(0.0, seconds - steps / best.estimate)
             self._feed(sps)
         elif self.phase == "locked":
             self._monitor(sps)
@@ -709,7 +840,7 @@ class OnlineTuner(_Session):
             self.search_cost += float(self.executor.reconfigure(best.config) or 0.0)
         self._paused_from = self.phase
         self._set_phase("paused")
-        self._emit("phase", best, best.mean,
+        self._emit("phase", best, best.estimate,
                    f"search paused: it cost {self.search_cost:.1f} s, over {self.search_share:.0%} of the "
                    f"training time; running {best.config} meanwhile")
 
@@ -776,7 +907,7 @@ class OnlineTuner(_Session):
         if self.phase == "research":
             self._research_trials.append(t)
         self.current, self._rec = None, None
-        self._emit("trial_end", t, t.mean if t.ok else None, str(t))
+        self._emit("trial_end", t, t.estimate if t.ok else None, str(t))
         self._advance()
 
     def _next(self) -> tuple[Config, str] | None:
@@ -796,11 +927,11 @@ class OnlineTuner(_Session):
         if best.config != self.executor.config:
             self.executor.reconfigure(best.config)
             self._fresh = True
-        self.locked, self.reference, self.choice = best, best.mean, best
+        self.locked, self.reference, self.choice = best, best.estimate, best
         self._drops = 0
         self._research_trials = []
         self._set_phase("locked")
-        self._emit("locked", best, best.mean, f"locked in {best.config} at {_fmt(best.mean)} steps/s")
+        self._emit("locked", best, best.estimate, f"locked in {best.config} at {_fmt(best.estimate)} steps/s")
         self._save()
 
     def _monitor(self, sps: float) -> None:
@@ -838,8 +969,8 @@ class OnlineTuner(_Session):
         if best is None:
             raise AuturiError("no trial has finished yet: call collect() a few more times")
         return TuneResult(
-            choice=best.config, reason=(f"online: locked in at {_fmt(best.mean)} steps/s" if self.locked
-                                        else f"online: best so far at {_fmt(best.mean)} steps/s"),
+            choice=best.config, reason=(f"online: locked in at {_fmt(best.estimate)} steps/s" if self.locked
+                                        else f"online: best so far at {_fmt(best.estimate)} steps/s"),
             trials=list(self.history), final=[], start=self.start_config, num_steps=self._num_steps,
             strategy=self.strategy.info() if self._prepared else {"name": self.strategy.name},
             space=self.space.sizes() if self.space else {}, protocol=self.protocol.to_dict(),
