@@ -78,13 +78,23 @@ def env_seed(seed: int, env_index: int, generation: int) -> int:
 
 
 # ---------------------------------------------------------------------------- test envs
+ACTION_SPACES: dict[str, Callable[[], gym.Space]] = {
+    "discrete": lambda: gym.spaces.Discrete(3),
+    "box": lambda: gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+    "multidiscrete": lambda: gym.spaces.MultiDiscrete([3, 4]),
+    "multibinary": lambda: gym.spaces.MultiBinary(2),
+}
+
+
 class CountingEnv(gym.Env):
     """A deterministic, cheap env whose observations depend on the whole action history,
     so any misplaced action or mixed-up env shows in the data.
 
     Episodes last 3 to ``max_len`` steps (drawn at reset), end terminated or truncated at
     random, and carry ``info["env_step"]``. ``obs_shape`` may be an image shape; use
-    ``obs_dtype=np.uint8`` for images. ``action`` is ``"discrete"`` or ``"box"``.
+    ``obs_dtype=np.uint8`` for images. ``action`` is ``"discrete"`` (``Discrete(3)``), ``"box"``
+    (float32, shape 2), ``"multidiscrete"`` (``MultiDiscrete([3, 4])``) or ``"multibinary"``
+    (``MultiBinary(2)``).
     """
 
     metadata: dict = {"render_modes": []}
@@ -96,10 +106,7 @@ class CountingEnv(gym.Env):
             self.observation_space = gym.spaces.Box(0, 255, obs_shape, np.uint8)
         else:
             self.observation_space = gym.spaces.Box(-np.inf, np.inf, obs_shape, self.obs_dtype)
-        if action == "discrete":
-            self.action_space = gym.spaces.Discrete(3)
-        else:
-            self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = ACTION_SPACES[action]()
         self.max_len = max_len
         self.step_seconds = step_seconds
         self._rng = np.random.default_rng(0)
@@ -134,6 +141,43 @@ class CountingEnv(gym.Env):
         terminated = ended and bool(self._rng.random() < 0.5)
         truncated = ended and not terminated
         return self._obs(), reward, terminated, truncated, {"env_step": self._t}
+
+
+class ActionDtypeEnv(CountingEnv):
+    """An env that computes with its action, so its next observation depends on the action's
+    type and dtype: it shows whether envs get what SB3's ``DummyVecEnv`` hands them.
+
+    A float32 state (2 values) is multiplied by the action. numpy (NEP 50) makes float32
+    times an ``np.int64`` scalar, a float64 array or a list float64, and float32 times a
+    Python int or a float32 array float32; the state keeps the product's rounding, and the
+    observation is ``[state, itemsize of the product, 1 if the action was a numpy value]``.
+    Episodes end as :class:`CountingEnv`'s; ``action`` as there.
+    """
+
+    def __init__(self, action: str = "discrete", max_len: int = 12):
+        super().__init__(obs_shape=(4,), action=action, max_len=max_len)
+        self._x = np.zeros(2, np.float32)
+        self._flags = np.zeros(2, np.float32)
+
+    def _obs(self) -> np.ndarray:
+        return np.concatenate([self._x, self._flags])
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed, options=options)
+        self._x = self._rng.random(2).astype(np.float32) + np.float32(self._state % 7)
+        self._flags[:] = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        prod = self._x * action  # the dtype follows the action's type (NEP 50 promotion)
+        mixed = self._x * np.float32(0.9) + prod * np.float32(0.37) + np.float32(0.1)
+        self._x = mixed.astype(np.float32)  # the rounding of float64 arithmetic stays in the state
+        self._flags[:] = (prod.dtype.itemsize, float(isinstance(action, (np.ndarray, np.generic))))
+        self._t += 1
+        reward = float(prod.sum()) + float(self._rng.random())
+        ended = self._t >= self._len
+        terminated = ended and bool(self._rng.random() < 0.5)
+        return self._obs(), reward, terminated, ended and not terminated, {"env_step": self._t}
 
 
 class SlowEnv(CountingEnv):
@@ -195,6 +239,6 @@ class FaultyEnv(CountingEnv):
 # The test envs under gymnasium ids, so that id-based tools (make_vec_env, `auturi tune`,
 # the SB3 wrapper's env rebuilding) can use them like any registered env.
 for _name, _cls in (("Counting", "CountingEnv"), ("Slow", "SlowEnv"), ("HeavyTail", "HeavyTailEnv"),
-                    ("LargeObs", "LargeObsEnv")):
+                    ("LargeObs", "LargeObsEnv"), ("ActionDtype", "ActionDtypeEnv")):
     if f"auturi/{_name}-v0" not in gym.registry:
         gym.register(f"auturi/{_name}-v0", entry_point=f"auturi.envs:{_cls}")

@@ -25,6 +25,10 @@ class ObsHashPolicy:
         extras = {"values": (h * 0.5 + self.w).astype(np.float32), "log_probs": -h.astype(np.float32)}
         if isinstance(self.space, gym.spaces.Discrete):
             return (np.floor(np.abs(h) * 7) % self.space.n).astype(np.int64), extras
+        if isinstance(self.space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            n = self.space.nvec if isinstance(self.space, gym.spaces.MultiDiscrete) else 2
+            k = np.floor(np.abs(h)[:, None] * (7 + np.arange(np.prod(self.space.shape))))
+            return (k % n).astype(self.space.dtype), extras  # int64, int8: each env gets this dtype
         a = np.sin(h)[:, None] * np.ones((1, *self.space.shape))
         return a.astype(np.float32), extras
 
@@ -115,3 +119,38 @@ class BlockingEnv(CountingEnv):
             with open(os.path.join(self.directory, "fifo")) as f:  # blocks: nobody writes
                 f.read()
         return super().step(action)
+
+
+class MisbehavingEnv(CountingEnv):
+    """Breaks gymnasium's API or its observation space in one way, ``fault``:
+    ``old_step`` (gym<0.26 4-tuple step), ``old_reset`` (obs-only reset), ``short_obs``
+    (shape (1,) from step: numpy broadcasts it into (4,) silently), ``long_reset_obs``
+    (shape (5,) from reset), ``huge`` (float64 1e300 in a float32 Box at every step),
+    ``array_reward`` or ``no_info`` (None for the info dict)."""
+
+    def __init__(self, fault: str):
+        super().__init__()
+        self.fault = fault
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.fault == "old_reset":
+            return obs
+        if self.fault == "long_reset_obs":
+            return np.zeros(5, np.float32), info
+        return obs, info
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.fault == "old_step":
+            return obs, r, te or tr, info
+        if self.fault == "short_obs":
+            obs = obs[:1]
+        elif self.fault == "huge":
+            obs = obs.astype(np.float64)
+            obs[1] = 1e300
+        elif self.fault == "array_reward":
+            r = np.array([r, r])
+        elif self.fault == "no_info":
+            info = None
+        return obs, r, te, tr, info

@@ -3,6 +3,9 @@
 One suite over every backend (as SB3 tests every VecEnv): data equality bit for bit with a
 batch-independent policy, across consecutive collects whose episodes end mid-rollout and
 continue; plus seeding, terminal observations, reconfigure truncation and weight updates.
+It runs on envs that compute with their action (``ActionDtypeEnv``), so it also holds every
+path to handing each env the action as SB3's DummyVecEnv does (a numpy scalar or array of
+the actions' dtype), and the serial loop to a DummyVecEnv-style reference loop.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from auturi import Config, make_executor
-from auturi.envs import CountingEnv, env_seed
+from auturi.envs import ActionDtypeEnv, CountingEnv, env_seed
 from tests.helpers import ObsHashPolicy
 
 N = 4
@@ -39,6 +42,17 @@ def counting(action="discrete", **kw):
     return functools.partial(CountingEnv, action=action, **kw)
 
 
+# The envs of the suite: CountingEnv, and envs whose steps depend on the action's type and dtype.
+ENVS = {
+    "counting": functools.partial(CountingEnv),
+    "dtype-discrete": functools.partial(ActionDtypeEnv, action="discrete"),
+    "dtype-box": functools.partial(ActionDtypeEnv, action="box"),
+    "dtype-multidiscrete": functools.partial(ActionDtypeEnv, action="multidiscrete"),
+    "dtype-multibinary": functools.partial(ActionDtypeEnv, action="multibinary"),
+}
+EVERY_CONFIG_ENVS = ["counting", "dtype-discrete", "dtype-box"]  # the rest: one hybrid config, below
+
+
 def run(backend, config, env_fn=None, steps=(7, 7, 5), seed=3, policy=None):
     env_fn = env_fn or counting()
     space = env_fn().action_space
@@ -60,14 +74,30 @@ def assert_same(rollouts_a, rollouts_b):
 
 
 @pytest.fixture(scope="module")
-def serial_reference():
-    return run("serial", Config.serial(N))
+def serial_refs():
+    """The serial rollout of each env of ENVS, made once."""
+    cache = {}
+
+    def get(env: str = "counting"):
+        if env not in cache:
+            cache[env] = run("serial", Config.serial(N), ENVS[env])
+        return cache[env]
+
+    return get
 
 
-def test_serial_matches_a_plain_gymnasium_loop(serial_reference):
-    """The oracle: a hand-written loop with SB3's auto-reset semantics."""
+@pytest.fixture(scope="module")
+def serial_reference(serial_refs):
+    return serial_refs("counting")
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+def test_serial_matches_a_dummy_vec_env_loop(env, serial_refs):
+    """The oracle: a hand-written loop that steps the envs as SB3's DummyVecEnv does (env i
+    gets ``actions[i]`` of the policy's action array, auto-reset at an episode's end)."""
+    serial_reference = serial_refs(env)
     seed = 3
-    envs = [CountingEnv() for _ in range(N)]
+    envs = [ENVS[env]() for _ in range(N)]
     pol = ObsHashPolicy(envs[0].action_space)
     obs = np.stack([e.reset(seed=env_seed(seed, i, 0))[0] for i, e in enumerate(envs)])
     starts = np.ones(N, bool)
@@ -84,7 +114,7 @@ def test_serial_matches_a_plain_gymnasium_loop(serial_reference):
             np.testing.assert_array_equal(r.extras["values"][t], extras["values"])
             new_obs = []
             for i, e in enumerate(envs):
-                o, rew, te, tr, info = e.step(int(actions[i]))
+                o, rew, te, tr, info = e.step(actions[i])  # DummyVecEnv.step_wait: self.actions[env_idx]
                 assert r.rewards[t, i] == rew and r.terminated[t, i] == te and r.truncated[t, i] == tr
                 if te or tr:
                     np.testing.assert_array_equal(r.final_observations[(t, i)], o)
@@ -98,22 +128,28 @@ def test_serial_matches_a_plain_gymnasium_loop(serial_reference):
         done_steps += T
     # episodes really did end mid-rollout and continue across collects
     assert sum(len(r.final_observations) for r in serial_reference) >= 4
+    if env.startswith("dtype"):  # ActionDtypeEnv's flag: every step's action was a numpy value
+        stepped = ~np.concatenate([r.episode_starts for r in serial_reference])
+        assert stepped.any() and (np.concatenate([r.observations for r in serial_reference])[stepped][:, 3] == 1).all()
     assert not serial_reference[1].episode_starts[0].all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("config", CONFIGS, ids=ids)
-def test_every_config_gives_the_serial_rollout(backend, config, serial_reference):
-    assert_same(run(backend, config), serial_reference)
+@pytest.mark.parametrize("env", EVERY_CONFIG_ENVS)
+def test_every_config_gives_the_serial_rollout(env, backend, config, serial_refs):
+    assert_same(run(backend, config, ENVS[env]), serial_refs(env))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("space", ["box_action", "image_obs"])
-def test_box_actions_and_image_observations(backend, space):
+@pytest.mark.parametrize("space", ["box_action", "image_obs", "dtype-multidiscrete", "dtype-multibinary"])
+def test_box_actions_and_image_observations(backend, space, serial_refs):
     if space == "box_action":
         env_fn = counting(action="box")
-    else:
+    elif space == "image_obs":
         env_fn = counting(obs_shape=(3, 8, 8), obs_dtype=np.uint8)
+    else:
+        env_fn = ENVS[space]
     ref = run("serial", Config.serial(N), env_fn)
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
     got = run(backend, cfg, env_fn)

@@ -1,15 +1,27 @@
 """The envs one process steps (:class:`EnvRunner`), with SB3's auto-reset, writing every
 result in place into the rollout arrays. The serial loop, an actor's in-process envs and env
-workers all use it, so stepping semantics live in one place."""
+workers all use it, so stepping semantics live in one place.
+
+Actions reach an env as SB3's ``DummyVecEnv`` hands them: env ``i`` at row ``t`` gets
+``actions[t, i]`` as numpy indexing gives it, a numpy scalar of the actions' dtype
+(``np.int64`` for SB3's ``Discrete``) when one action is a scalar, else a numpy array of
+that dtype (Box, MultiDiscrete, MultiBinary), a copy the env may keep. Never a Python int or
+a list: an env that computes with its action would step differently (a float32 state times
+an ``np.int64`` is float64, times a Python int float32).
+
+Each env's first reset and first step are checked against gymnasium's API and the rollout
+arrays (``spec.check_*``); an exception an env raises gets a note naming the env."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from auturi.envs import env_seed
+from auturi.executor.spec import EnvCheckError, check_reset_output, check_step_output
 
 
 class EnvRunner:
@@ -24,13 +36,13 @@ class EnvRunner:
     def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
                  generation: int = 0, id_offset: int = 0):
         self.env_ids = list(env_ids)
-        self.envs = {i: env_fns[i]() for i in self.env_ids}
+        # every env starts behind a stand-in that checks its first reset and step, then steps aside
+        self.envs = {i: _FirstCalls(env_fns[i](), i, self) for i in self.env_ids}
+        self._warned: set[int] = set()
         self.seed, self.generation, self.id_offset = seed, generation, id_offset
         self.fresh = True  # not reset yet: the next collect must reset first
         self.finals: dict[tuple[int, int], tuple[np.ndarray, dict]] = {}
         self.env_seconds = 0.0
-        space = self.envs[self.env_ids[0]].action_space
-        self._discrete = isinstance(space, gym.spaces.Discrete)
         self.a: dict[str, np.ndarray] = {}
         self._slice_key: tuple[int, int] | None = None
         self._slice_list: list = []
@@ -44,7 +56,10 @@ class EnvRunner:
         """First reset of every env: writes row 0 of ``obs`` and sets ``starts[0]``."""
         obs, starts = self.a["obs"], self.a["starts"]
         for i in self.env_ids:
-            o, _ = self.envs[i].reset(seed=env_seed(self.seed, self.id_offset + i, self.generation))
+            try:
+                o, _ = self.envs[i].reset(seed=env_seed(self.seed, self.id_offset + i, self.generation))
+            except Exception as e:
+                raise _name_env(e, i, "in its first reset()")
             obs[0, i] = o
             starts[0, i] = True
         self.fresh = False
@@ -58,8 +73,7 @@ class EnvRunner:
         a = self.a
         ts = np.asarray(ts, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
-        acts = a["actions"][ts, ids]
-        acts_in = acts.tolist() if self._discrete else list(acts)  # the gather above copied
+        acts_in = list(a["actions"][ts, ids])  # numpy scalars or rows of the copy the gather made
         envs, finals = self.envs, self.finals
         n = len(ids)
         new_obs: list = [None] * n
@@ -67,14 +81,18 @@ class EnvRunner:
         terms = [False] * n
         truncs = [False] * n
         t0 = time.perf_counter()
-        for k, i in enumerate(ids.tolist()):
-            env = envs[i]
-            o, rews[k], te, tr, info = env.step(acts_in[k])
-            if te or tr:
-                finals[(int(ts[k]), i)] = (np.asarray(o).copy(), info)
-                o, _ = env.reset()
-                terms[k], truncs[k] = te, tr and not te  # as step_slice: a time limit hit by a terminal step is a termination
-            new_obs[k] = o
+        k = i = 0
+        try:
+            for k, i in enumerate(ids.tolist()):
+                env = envs[i]
+                o, rews[k], te, tr, info = env.step(acts_in[k])
+                if te or tr:
+                    finals[(int(ts[k]), i)] = (np.asarray(o).copy(), info)
+                    o, _ = env.reset()
+                    terms[k], truncs[k] = te, tr and not te  # as step_slice: a time limit hit by a terminal step is a termination
+                new_obs[k] = o
+        except Exception as e:
+            raise _name_env(e, i, _where(finals, int(ts[k]), i))
         self.env_seconds += time.perf_counter() - t0
         a["rewards"][ts, ids] = rews
         a["terminated"][ts, ids] = terms
@@ -90,7 +108,7 @@ class EnvRunner:
             return self.step_one(t, lo)
         a = self.a
         acts = a["actions"][t, lo:hi]
-        acts_in = acts.tolist() if self._discrete else list(acts.copy())
+        acts_in = list(acts) if acts.ndim == 1 else list(acts.copy())  # numpy scalars, or rows an env may keep
         finals = self.finals
         n = hi - lo
         new_obs: list = [None] * n
@@ -98,13 +116,17 @@ class EnvRunner:
         ends = [False] * n
         terms = [False] * n
         t0 = time.perf_counter()
-        for k, env in enumerate(self._slice_envs(lo, hi)):
-            o, rews[k], te, tr, info = env.step(acts_in[k])
-            if te or tr:
-                finals[(t, lo + k)] = (np.asarray(o).copy(), info)
-                o, _ = env.reset()
-                ends[k], terms[k] = True, te
-            new_obs[k] = o
+        k = 0
+        try:
+            for k, env in enumerate(self._slice_envs(lo, hi)):
+                o, rews[k], te, tr, info = env.step(acts_in[k])
+                if te or tr:
+                    finals[(t, lo + k)] = (np.asarray(o).copy(), info)
+                    o, _ = env.reset()
+                    ends[k], terms[k] = True, te
+                new_obs[k] = o
+        except Exception as e:
+            raise _name_env(e, lo + k, _where(finals, t, lo + k))
         self.env_seconds += time.perf_counter() - t0
         a["rewards"][t, lo:hi] = rews
         a["starts"][t + 1, lo:hi] = ends
@@ -129,22 +151,25 @@ class EnvRunner:
         cols = self._cols.get(i)
         if cols is None:
             a = self.a
-            # Scalar columns as memoryviews: an item read or store is plain CPython (~60 ns)
-            # where a numpy scalar store goes through numpy's casting machinery (~150 ns
-            # hot, far more cold). Values are converted exactly as numpy would (C casts).
+            # Scalar stores through memoryviews: plain CPython (~60 ns) where a numpy scalar
+            # store goes through numpy's casting machinery (~150 ns hot, far more cold); values
+            # are converted exactly as numpy would (C casts). The action is read with numpy
+            # (a scalar index of a 1-D view, ~100 ns) because the env must get a numpy value.
             act = a["actions"][:, i]
-            cols = self._cols[i] = (self.envs[i], memoryview(act) if self._discrete and act.ndim == 1 else act,
-                                    a["obs"][:, i], memoryview(a["rewards"][:, i]),
+            cols = self._cols[i] = (self.envs[i], act, act.ndim > 1, a["obs"][:, i], memoryview(a["rewards"][:, i]),
                                     memoryview(a["terminated"][:, i]), memoryview(a["truncated"][:, i]),
                                     memoryview(a["starts"][:, i]))
-        env, act, obs, rew, term, trunc, starts = cols
-        action = act[t] if type(act) is memoryview else act[t].copy()
+        env, act, shaped, obs, rew, term, trunc, starts = cols
+        action = act[t].copy() if shaped else act[t]
         t0 = time.perf_counter()
-        o, r, te, tr, info = env.step(action)
-        ended = bool(te or tr)
-        if ended:
-            self.finals[(t, i)] = (np.asarray(o).copy(), info)
-            o, _ = env.reset()
+        try:
+            o, r, te, tr, info = env.step(action)
+            ended = bool(te or tr)
+            if ended:
+                self.finals[(t, i)] = (np.asarray(o).copy(), info)
+                o, _ = env.reset()
+        except Exception as e:
+            raise _name_env(e, i, _where(self.finals, t, i))
         self.env_seconds += time.perf_counter() - t0
         rew[t] = float(r)
         term[t] = bool(te)
@@ -162,6 +187,24 @@ class EnvRunner:
         f, self.finals = self.finals, {}
         return f
 
+    def _checked(self, what: str, i: int, out: Any) -> Any:
+        """``out``, what env ``i`` returned from its first ``what``, once checked (raises
+        :class:`~auturi.executor.spec.EnvCheckError`; warns once per env of values the
+        rollout's dtype cannot hold)."""
+        row = self.a["obs"][0, i]
+        check = check_reset_output if what == "reset" else check_step_output
+        warning = check(out, i, self.envs[i], row)
+        if warning and i not in self._warned:
+            self._warned.add(i)
+            warnings.warn(warning, RuntimeWarning, stacklevel=2)
+        return out
+
+    def _unwrap(self, i: int) -> None:
+        """Put env ``i`` itself in place of its stand-in, and drop the caches that held it."""
+        self.envs[i] = self.envs[i].env
+        self._cols.pop(i, None)
+        self._slice_key, self._slice_list = None, []
+
     def close(self) -> None:
         for env in self.envs.values():
             try:
@@ -170,6 +213,48 @@ class EnvRunner:
                 pass
         self.envs = {}
         self._cols, self._slice_list, self._slice_key = {}, [], None
+
+
+class _FirstCalls:
+    """Stands in for env ``i`` in ``EnvRunner.envs`` until its first step: checks what its
+    first reset and first step return, then puts the env back in its place, so no stepping
+    path pays for the check afterwards (a per-step flag would cost every step)."""
+
+    __slots__ = ("env", "i", "runner", "reset_checked")
+
+    def __init__(self, env: gym.Env, i: int, runner: EnvRunner):
+        self.env, self.i, self.runner, self.reset_checked = env, i, runner, False
+
+    def __getattr__(self, name: str) -> Any:  # spaces, and anything else asked of the env
+        return getattr(self.env, name)
+
+    def reset(self, **kw: Any) -> Any:
+        out = self.env.reset(**kw)
+        if not self.reset_checked:
+            self.reset_checked = True
+            self.runner._checked("reset", self.i, out)
+        return out
+
+    def step(self, action: Any) -> Any:
+        out = self.env.step(action)
+        self.runner._unwrap(self.i)
+        return self.runner._checked("step", self.i, out)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _where(finals: dict, t: int, i: int) -> str:
+    # a final recorded for (t, i) means the step returned and the reset after it raised
+    return f"in reset() after its episode ended at row {t}" if (t, i) in finals else f"in step() at row {t}"
+
+
+def _name_env(e: Exception, i: int, where: str) -> Exception:
+    """``e`` with a note naming env ``i``: the traceback, and a worker's ``WorkerError``,
+    then say which env failed. Auturi's own env checks name it already."""
+    if not isinstance(e, EnvCheckError):
+        e.add_note(f"(raised by env {i} {where})")
+    return e
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
