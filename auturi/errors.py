@@ -17,23 +17,31 @@ class ConfigError(AuturiError, ValueError):
 
 
 class WorkerError(AuturiError, RuntimeError):
-    """A worker process failed (raised, or was killed by a signal).
+    """A worker process failed (raised, was killed by a signal, or made no progress for
+    longer than the executor's ``worker_timeout``).
 
-    ``traceback`` is the child's formatted traceback (empty for a killed process),
-    ``worker`` names the process (e.g. ``"env worker 1 of actor 0 (envs 4-7)"``) and
-    ``config`` is the config that was running.
+    ``traceback`` is the child's formatted traceback (empty for a killed or stuck process),
+    ``worker`` names the process (e.g. ``"env worker 1 of actor 0 (envs 4-7)"``), ``config``
+    is the config that was running and ``stack`` the stuck process's Python stack at the
+    time it was found stuck (``faulthandler``'s dump, most recent call first; empty otherwise,
+    and for a stopped process, which cannot dump).
     """
 
-    def __init__(self, worker: str, reason: str, traceback: str = "", config: object = None):
+    def __init__(self, worker: str, reason: str, traceback: str = "", config: object = None, stack: str = ""):
         self.worker = worker
         self.reason = reason
         self.traceback = traceback
         self.config = config
+        self.stack = stack
         msg = f"{worker} failed: {reason}"
         if config is not None:
             msg += f"\n  config: {config}"
         if traceback:
-            msg += "\n  child traceback (most recent call last):\n" + "".join(
-                "    " + line + "\n" for line in traceback.rstrip().splitlines()
-            )
+            msg += "\n  child traceback (most recent call last):\n" + _indent(traceback)
+        if stack:
+            msg += "\n  its Python stack when it was found stuck (most recent call first):\n" + _indent(stack)
         super().__init__(msg)
+
+
+def _indent(text: str) -> str:
+    return "".join("    " + line + "\n" for line in text.rstrip().splitlines())

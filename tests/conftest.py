@@ -1,17 +1,40 @@
 """Every test must leave no worker process and no shared-memory segment behind."""
 from __future__ import annotations
 
+import multiprocessing.resource_tracker as resource_tracker
 import os
 
 import psutil
 import pytest
 
+_created_semaphores: set[str] = set()  # names of every named semaphore this process created
+_register = resource_tracker.register
+
+
+def _record_register(name: str, rtype: str) -> None:
+    """multiprocessing registers each named semaphore it creates with its resource tracker
+    (``synchronize.SemLock`` looks ``register`` up at each creation): note the name, whoever
+    chose it, so a leak is seen even under multiprocessing's own ``mp-*`` names."""
+    if rtype == "semaphore":
+        _created_semaphores.add(name.lstrip("/"))
+    _register(name, rtype)
+
+
+resource_tracker.register = _record_register
+
 
 def our_segments(pid: int | None = None) -> set[str]:
-    """Segments created by process ``pid`` (default: this one); other sessions' runs on the
-    same machine make their own and must not count."""
-    prefix = f"auturi_{pid or os.getpid()}_"
-    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    """Segments and named semaphores created by process ``pid`` (default: this one; their names
+    carry it: ``auturi_<pid>_*``, ``sem.auturi_<pid>_*``) and, for this process, every named
+    semaphore it registered; other sessions' runs on the same machine make their own and must
+    not count."""
+    pid = pid or os.getpid()
+    prefixes = (f"auturi_{pid}_", f"sem.auturi_{pid}_")
+    names = set(os.listdir("/dev/shm"))
+    found = {n for n in names if n.startswith(prefixes)}
+    if pid == os.getpid():
+        found |= {f"sem.{n}" for n in _created_semaphores if f"sem.{n}" in names}
+    return found
 
 
 def live_children() -> list[psutil.Process]:
@@ -35,6 +58,6 @@ def live_children() -> list[psutil.Process]:
 def no_leaks():
     before = our_segments()
     yield
-    assert our_segments() - before == set(), "shared-memory segments leaked"
+    assert our_segments() - before == set(), "shared-memory segments or named semaphores leaked"
     left = live_children()
     assert not left, f"worker processes left running: {[(p.pid, p.name()) for p in left]}"

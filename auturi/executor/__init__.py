@@ -16,7 +16,12 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
     """Build an executor. ``backend`` is ``"shm"`` (processes and shared memory, the
     default), ``"serial"`` (everything in this process) or ``"ray"`` (one Ray actor per
     actor, on a Ray cluster; ``address=`` picks the cluster, see
-    :mod:`auturi.executor.ray_backend`)."""
+    :mod:`auturi.executor.ray_backend`).
+
+    ``worker_timeout=SECONDS`` (every backend; default ``None``: ``AUTURI_WORKER_TIMEOUT`` or
+    60 s; ``math.inf``: never) bounds how long a worker process may make no progress: past it
+    the collect raises :class:`auturi.WorkerError` naming the stuck worker, its envs and the
+    config, with its Python stack, and the executor closes (see :class:`Executor`)."""
     if backend == "serial":
         from auturi.executor.serial import SerialExecutor
 

@@ -69,11 +69,17 @@ class ActorLoop:
     remote lane is busy. ``row_group(remote_env_lanes)`` (needed when there are remote env
     lanes) makes the object the lockstep loop posts a row to and awaits (``step_row(t)``,
     ``wait()``, and ``settle()`` after the last row).
+
+    ``beat`` (an int64 memoryview and an index) is bumped once per row (lockstep) or per wait:
+    whoever waits for this actor reads it to tell a busy actor from a stuck one (``shm``'s
+    ``Waiter``); one integer store, no clock.
     """
 
     def __init__(self, env_ids: Sequence[int], env_lanes: list[Lane], policy_lanes: list[Lane],
-                 batch_size: int, wait: Callable[[], list[Lane]], row_group: Callable[[list], Any] | None = None):
+                 batch_size: int, wait: Callable[[], list[Lane]], row_group: Callable[[list], Any] | None = None,
+                 beat: tuple[Any, int] | None = None):
         self.env_ids = np.asarray(env_ids, dtype=np.int64)
+        self.beat = beat if beat is not None else (memoryview(np.zeros(1, np.int64)), 0)
         self.env_lanes, self.policy_lanes = env_lanes, policy_lanes
         self.batch_size = batch_size
         self.wait = wait
@@ -101,9 +107,12 @@ class ActorLoop:
             locals_ = [(slice_stepper(lane.runner), lo + d * per, lo + (d + 1) * per)  # type: ignore[attr-defined]
                        for d, lane in enumerate(env_lanes) if not lane.remote]
 
+            beats, k = self.beat
+
             def lockstep(num_steps: int) -> None:
                 try:
                     for t in range(num_steps):
+                        beats[k] += 1
                         act(t, lo, hi)
                         if group is not None:  # first: they work while this process steps its share
                             group.step_row(t)
@@ -134,6 +143,7 @@ class ActorLoop:
         free_pol = list(range(len(self.policy_lanes)))
         in_env = 0
         finished = 0
+        beats, k_beat = self.beat
 
         def env_done(batch: np.ndarray) -> None:
             nonlocal finished
@@ -156,6 +166,7 @@ class ActorLoop:
             progress = True
             while progress:
                 progress = False
+                beats[k_beat] += 1  # a scheduling round: progress, for whoever waits for this actor
                 # Policy side: full batches, or a smaller one when no env is stepping or
                 # waiting to step, since then waiting could not fill it.
                 while free_pol and ready.size and (ready.size >= B or (in_env == 0 and n_pending == 0)):

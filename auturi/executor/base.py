@@ -15,6 +15,8 @@ Example:
 from __future__ import annotations
 
 import abc
+import math
+import os
 import time
 from typing import Any, Mapping
 
@@ -28,11 +30,42 @@ from auturi.executor.spec import WorkloadSpec, probe_spec
 from auturi.policy import Policy
 from auturi.rollout import CollectStats, Rollout
 
+WORKER_TIMEOUT = 60.0
+"""Default ``worker_timeout``: a worker process (env worker, policy replica, actor) whose task
+makes no progress for this long is reported stuck. Fixed rather than derived from measured
+step times: a false alarm ends a training run while a late one costs a minute, and a step
+time measured on the first collects says nothing of a GC pause, a checkpoint an env writes
+or a VM's stolen time later on. No step or policy batch of a healthy workload takes a
+minute; one that does passes ``worker_timeout``. ``AUTURI_WORKER_TIMEOUT`` overrides it."""
+
+
+def resolve_worker_timeout(worker_timeout: float | None) -> float:
+    """``worker_timeout``, or ``AUTURI_WORKER_TIMEOUT``, or :data:`WORKER_TIMEOUT`, checked.
+
+    >>> resolve_worker_timeout(5), resolve_worker_timeout(math.inf)
+    (5.0, inf)
+    """
+    if worker_timeout is None:
+        worker_timeout = os.environ.get("AUTURI_WORKER_TIMEOUT", WORKER_TIMEOUT)
+    try:
+        seconds = float(worker_timeout)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not seconds > 0:
+        raise ValueError(f"worker_timeout must be a number of seconds > 0 (math.inf: never), got {worker_timeout!r}")
+    return seconds
+
 
 class Executor(abc.ABC):
     """Runs collection under a :class:`Config`; the data never depends on the config.
 
     Subclasses provide ``_apply_config``, ``_run_actors`` and ``_close_workers``.
+
+    ``worker_timeout`` (seconds; ``None``: ``AUTURI_WORKER_TIMEOUT`` or 60 s, see
+    :data:`WORKER_TIMEOUT`; ``math.inf``: never) bounds how long a worker process may make no
+    progress on a task: past it the collect raises :class:`auturi.WorkerError` naming the
+    worker, its envs and the config, with the stuck process's Python stack (or that it is
+    stopped), and the executor closes. The ``serial`` backend has no worker to watch.
 
     ``env_id_offset`` is the global index of this executor's first env: seeds and noise
     streams are keyed by global indices (and ``final_observations``/``final_infos`` are
@@ -44,7 +77,9 @@ class Executor(abc.ABC):
     backend = "base"
 
     def __init__(self, env: EnvLike, policy: Policy, num_envs: int | None = None,
-                 config: Config | None = None, seed: int = 0, env_id_offset: int = 0):
+                 config: Config | None = None, seed: int = 0, env_id_offset: int = 0,
+                 worker_timeout: float | None = None):
+        self.worker_timeout = resolve_worker_timeout(worker_timeout)
         self.env_fns = resolve_env_fns(env, num_envs)
         self.num_envs = len(self.env_fns)
         self.policy = policy

@@ -8,6 +8,8 @@ Process layout for a config (the caller's process is "main"):
 - ``policies_per_actor > 1``: that many replica processes per actor; 1: inference runs in
   the actor's process.
 Main creates every process and every shared block, so it alone ends and unlinks them.
+Over 400 lines: the executor's start-up, collect, fault checks and ordered shutdown share
+its slot bookkeeping, and splitting them would spread one lifecycle over modules.
 Workers start through ``forkserver`` (``AUTURI_START_METHOD`` may say ``spawn``): never
 ``fork``, which breaks CUDA and copies the caller's threads.
 """
@@ -32,8 +34,9 @@ from auturi.config import Config
 from auturi.errors import WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.shm.channel import (CLOSING, EXIT, FLUSH, OK, SPIN_SECONDS, TASK, RemoteLane, Waiter, control_specs,
-                                         read_error, write_name)
+from auturi.executor.shm.channel import (BEAT, CLOSING, EXIT, FLUSH, OK, POLL_SECONDS, SPIN_SECONDS,
+                                         START_TIMEOUT_FLOOR, TASK, RemoteLane, Semaphore, Waiter,
+                                         control_specs, process_state, read_error, stuck_error, write_name)
 from auturi.executor.shm.worker import ActorHost, worker_main
 
 _PRELOAD = ["auturi.executor.shm.preload"]
@@ -135,11 +138,24 @@ class _Slot:
 
 
 class ShmExecutor(Executor):
+    """Backend ``shm`` (see the module docstring).
+
+    Args (besides the :class:`Executor` ones):
+        start_method: ``"forkserver"`` (default) or ``"spawn"``.
+
+    ``worker_timeout`` (see :class:`Executor`): every waiter (the caller, each actor) checks
+    at its 0.1 s polls that the workers it waits for progressed; the innermost stuck process
+    is the one named (an actor waiting on a stuck worker counts as alive). Start-up waits at
+    least ``channel.START_TIMEOUT_FLOOR``. The caller's own thread (it steps the first actor's
+    first env share) is not watched: nothing above it could report it.
+    """
+
     backend = "shm"
     _shared_buffers = True
 
     def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
         self._ctx = get_context(start_method)
+        self._sems: list[Semaphore] = []  # this layout's named semaphores (their names go after start-up)
         self._slots: list[_Slot] = []
         self._ctrl: ArrayBlock | None = None
         self._weights: ArrayBlock | None = None
@@ -179,7 +195,7 @@ class ShmExecutor(Executor):
             for a in range(config.num_actors):
                 ids = config.actor_env_ids(a)
                 actor_slots.append(len(slots))
-                slots.append(_Slot("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", ctx.Semaphore(0)))
+                slots.append(_Slot("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", self._semaphore()))
         lanes: list[dict[str, list]] = []
         for a in range(config.num_actors):
             la: dict[str, list] = {"env": [], "policy": []}
@@ -187,18 +203,21 @@ class ShmExecutor(Executor):
                 k = config.envs_per_worker
                 for w in range(1, config.env_parallel_degree):  # share 0 is the actor's
                     lo = config.actor_env_ids(a)[0] + w * k
-                    s = _Slot("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", ctx.Semaphore(0))
+                    s = _Slot("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", self._semaphore())
                     la["env"].append((len(slots), s.start_sem, s.name))
                     slots.append(s)
             if config.policies_per_actor > 1:
+                ids = config.actor_env_ids(a)
                 for r in range(config.policies_per_actor):
-                    s = _Slot("policy", f"policy replica {r} of actor {a} on {config.policy_device}", ctx.Semaphore(0))
+                    s = _Slot("policy", f"policy replica {r} of actor {a} (envs {ids[0]}-{ids[-1]}) on "
+                                        f"{config.policy_device}", self._semaphore())
                     la["policy"].append((len(slots), s.start_sem, s.name))
                     slots.append(s)
             lanes.append(la)
         self._slots = slots
         cap = config.envs_per_actor
         self._ctrl = ArrayBlock.create(control_specs(len(slots), cap), shared=True)
+        self._ctrl["dumpfd"][:] = -1  # until each worker registers its stack dump
         self._write_header()
         if self._weights is None:
             state = self.policy.get_state()
@@ -207,8 +226,8 @@ class ShmExecutor(Executor):
         if self._weights is not None:
             write_name(self._ctrl, 1, self._weights.name)
         self._ctrl["hdr"][2] = self._weights_version
-        main_sem = ctx.Semaphore(0)
-        done_sems = [ctx.Semaphore(0) for _ in range(config.num_actors)]
+        main_sem = self._semaphore()
+        done_sems = [self._semaphore() for _ in range(config.num_actors)]
         threads = self._policy_threads(config)
         self._timing = np.zeros(3)
 
@@ -226,12 +245,13 @@ class ShmExecutor(Executor):
             if proc_cls is self._torch_process:
                 s.proc.preload = self._preload  # type: ignore[attr-defined]
             _start_without_main(s.proc)
+            self._ctrl["pid"][slot] = s.proc.pid  # type: ignore[index]  # named if it is stuck before it starts
             if child_conn is not None:
                 child_conn.close()
 
         spin = self._spin_seconds(config)
         common = {"seed": self.seed, "generation": self._generation, "device": config.policy_device,
-                  "threads": threads, "id_offset": self.env_id_offset, "spin": spin}
+                  "threads": threads, "id_offset": self.env_id_offset, "spin": spin, "timeout": self.worker_timeout}
         cores = sorted(_usable_cores_set())
         for a, la in enumerate(lanes):
             k = config.envs_per_worker
@@ -245,12 +265,18 @@ class ShmExecutor(Executor):
                 start(actor_slots[a], "actor", done_sems[a],
                       {**common, "cpus": {cores[a % len(cores)]}, "actor": a, "config": config, "lanes": la, "report_sem": main_sem})
         # Wait for every worker to report that it built its envs / policy.
-        self._main_waiter = Waiter(main_sem, self._ctrl, self._check_children, config)
-        self._main_waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
+        beat = (memoryview(self._ctrl["hdr"]), BEAT)
+        waiter = self._main_waiter = Waiter(main_sem, self._ctrl, self._check_children, config,
+                                            timeout=max(self.worker_timeout, START_TIMEOUT_FLOOR), beat=beat)
+        waiter.kill_stuck = True
+        waiter.wait_all([RemoteLane(i, self._ctrl, s.start_sem, s.name) for i, s in enumerate(slots)])
+        waiter.timeout = self.worker_timeout
+        self._unlink_semaphore_names()  # every worker has opened them
         if config.num_actors == 1:
             self._host = ActorHost(0, config, lambda: self.env_fns, lambda: self.policy, self.seed, self._generation,
                                    self._ctrl, lanes[0], done_sems[0], self._check_children, self.env_id_offset,
-                                   spin)
+                                   spin, self.worker_timeout, beat)
+            self._host.waiter.kill_stuck = True
             if config.env_parallel_degree > 1:
                 self._host.pin_cpu = cores[0]
             if self._host.local_policy is not None:
@@ -261,6 +287,18 @@ class ShmExecutor(Executor):
         else:
             self._actor_lanes = [RemoteLane(s, self._ctrl, slots[s].start_sem, slots[s].name, self._main_waiter)
                                  for s in actor_slots]
+
+    def _semaphore(self) -> Semaphore:
+        sem = Semaphore(self._ctx)
+        self._sems.append(sem)
+        return sem
+
+    def _unlink_semaphore_names(self) -> None:
+        """Remove this layout's semaphore names from /dev/shm: once every worker has opened
+        them (they are opened by name when a worker unpickles its arguments), or at close.
+        Deterministic, where multiprocessing waits for the garbage collector."""
+        for sem in self._sems:
+            sem.unlink_name()
 
     @staticmethod
     def _spin_seconds(config: Config) -> float:
@@ -315,9 +353,13 @@ class ShmExecutor(Executor):
         for i, s in asked:
             self._ctrl["cmd"][i] = FLUSH
             s.start_sem.release()
-        for _, s in asked:
-            while not s.conn.poll(0.1):
+        for i, s in asked:
+            t0 = time.monotonic()
+            while not s.conn.poll(POLL_SECONDS):
                 self._check_children()
+                idle = time.monotonic() - t0
+                if idle > self.worker_timeout:
+                    raise stuck_error(self._ctrl, i, s.name, idle, self.worker_timeout, self._config, kill=True)
             finals.update(s.conn.recv())
         return finals
 
@@ -372,6 +414,8 @@ class ShmExecutor(Executor):
                     if s.proc.is_alive():
                         self._ctrl["cmd"][slots.index(s)] = EXIT
                         s.start_sem.release()
+                        if process_state(s.proc.pid) in ("T", "t"):  # stopped: let it run to take EXIT
+                            os.kill(s.proc.pid, signal.SIGCONT)
             # One deadline for all rather than JOIN_SECONDS per process in turn: an actor busy
             # in a collect whose workers already left only ends by a signal, and with many
             # such processes the turns added up to minutes.
@@ -390,6 +434,8 @@ class ShmExecutor(Executor):
                 if s.conn is not None:
                     s.conn.close()
         finally:
+            self._unlink_semaphore_names()  # the processes have ended (or were never started)
+            self._sems = []
             if self._ctrl is not None:
                 self._ctrl.close()
                 self._ctrl = None

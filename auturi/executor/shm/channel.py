@@ -6,6 +6,9 @@ so a waiting process uses no CPU (the thesis' code spun, and collapsed ~700x whe
 outnumbered cores). Bulk data never crosses here: workers read and write the rollout
 arrays in place; a slot carries only a command word and a list of ``(row, env)`` tasks.
 
+The module is over 400 lines because the waiter's failure detection (dead, stuck), the stack
+dump it reads and the semaphores it waits on are one protocol, read together.
+
 Protocol for one task: the submitter writes ``tasks``/``ntask``/``cmd`` and releases the
 slot's start semaphore; the worker does the work, sets ``status``, bumps ``seq`` and
 releases the done semaphore of whoever waits for it. Semaphore operations are full memory
@@ -13,7 +16,11 @@ barriers, so the plain writes before them are visible after them.
 """
 from __future__ import annotations
 
+import math
+import multiprocessing.synchronize as mp_sync
+import multiprocessing.util as mp_util
 import os
+import signal
 import time
 import traceback
 from typing import Any, Callable
@@ -30,6 +37,12 @@ OK, ERROR = 0, 1
 ERR_BYTES = 16384
 NAME_BYTES = 128
 POLL_SECONDS = 0.1  # how often a blocked waiter checks that its peers are alive
+START_TIMEOUT_FLOOR = 60.0
+"""Building envs and policies at start-up (a simulator's launch, torch's first import in the
+forkserver) is bounded by ``max(worker_timeout, START_TIMEOUT_FLOOR)``: a short timeout meant
+for steps must not fail a slow start."""
+DUMP_SECONDS = 2.0  # longest wait for a stuck process's faulthandler dump
+DUMP_SIGNAL = signal.SIGUSR1
 SPIN_SECONDS = 1e-3
 """How long a waiter (worker or actor) polls its semaphore before it blocks, giving its core
 away (``sched_yield``) between polls. A blocked process costs a futex wake, and on a VM an
@@ -63,7 +76,7 @@ def acquire(sem: Any, spin: float, timeout: float) -> bool:
 def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], Any]]:
     W = max(num_slots, 1)
     return [
-        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version, 3: closing
+        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version, 3: closing, 4: beat
         ("names", (2, NAME_BYTES), np.uint8),  # 0: rollout block name, 1: weights block name
         ("cmd", (W,), np.int64),
         ("arg", (W,), np.int64),
@@ -71,6 +84,9 @@ def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], 
         ("seq", (W,), np.int64),
         ("status", (W,), np.int64),
         ("nfinal", (W,), np.int64),
+        ("beat", (W,), np.int64),  # an actor's progress: rows stepped, waits returned, polls while waiting
+        ("pid", (W,), np.int64),
+        ("dumpfd", (W,), np.int64),  # the fd faulthandler dumps the worker's stack to (DUMP_SIGNAL)
         ("timing", (W, 3), np.float64),  # cumulative env, policy, wait seconds
         ("tasks", (W, max(cap, 1), 2), np.int64),
         ("err", (W, ERR_BYTES), np.uint8),
@@ -90,7 +106,8 @@ def read_name(ctrl: ArrayBlock, k: int) -> str:
 
 def write_error(ctrl: ArrayBlock, slot: int, exc: BaseException) -> None:
     if isinstance(exc, WorkerError):  # an actor passing on its worker's failure: keep its origin
-        text = f"@worker {exc.worker}\n@reason {exc.reason}\n{exc.traceback}"
+        stack = exc.stack.replace("\n", "\x1f")  # one line: the traceback follows it
+        text = f"@worker {exc.worker}\n@reason {exc.reason}\n@stack {stack}\n{exc.traceback}"
     else:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     raw = text.encode(errors="replace")[-(ERR_BYTES - 1):]
@@ -105,13 +122,56 @@ def read_error(ctrl: ArrayBlock, slot: int) -> str:
 
 def raise_worker_error(ctrl: ArrayBlock, slot: int, name: str, config: Any) -> None:
     """Raise the failure reported in ``slot``, naming the worker where it started."""
-    text, reason = read_error(ctrl, slot), "raised an exception"
+    text, reason, stack = read_error(ctrl, slot), "raised an exception", ""
     if text.startswith("@worker "):
         head, _, text = text.partition("\n")
         name = head[len("@worker "):] + f" (via {name})"
         head, _, text = text.partition("\n")
         reason = head[len("@reason "):]
-    raise WorkerError(name, reason, text, config)
+        head, _, text = text.partition("\n")
+        stack = head[len("@stack "):].replace("\x1f", "\n")
+    raise WorkerError(name, reason, text, config, stack)
+
+
+class Semaphore(mp_sync.Semaphore):
+    """A semaphore shared with worker processes, named ``/dev/shm/sem.auturi_<pid>_*`` after
+    its creator (so a leak is traceable to a process, as segments are), whose name the creator
+    unlinks deterministically with :meth:`unlink_name` (multiprocessing unlinks it only when
+    the object is garbage collected: 2-5 names per executor outlived ``close()``).
+
+    A process opens the semaphore by name when it unpickles its start arguments, so the name
+    may go as soon as every worker reported it started. A worker that finds the name gone
+    was started by a caller that is closing (Ctrl-C during a reconfigure): it leaves quietly
+    instead of printing multiprocessing's ``FileNotFoundError`` traceback."""
+
+    def __init__(self, ctx: Any):
+        super().__init__(0, ctx=ctx)
+        self._finalizer = _finalizer_of(self)
+
+    @staticmethod
+    def _make_name() -> str:
+        return f"/auturi_{os.getpid()}_s{next(mp_sync.SemLock._rand)}"
+
+    def __setstate__(self, state: Any) -> None:
+        try:
+            super().__setstate__(state)
+        except FileNotFoundError:
+            raise SystemExit(0) from None  # exits the child silently (the bootstrap catches Exception only)
+
+    def unlink_name(self) -> None:
+        """Remove the name from /dev/shm (idempotent); open handles keep working."""
+        fin, self._finalizer = getattr(self, "_finalizer", None), None
+        if fin is not None:
+            fin()  # multiprocessing's own cleanup: sem_unlink and the resource tracker's unregister
+
+
+def _finalizer_of(obj: Any) -> Any:
+    """The ``multiprocessing.util.Finalize`` that unlinks ``obj``'s name when it is collected."""
+    for fin in reversed(list(mp_util._finalizer_registry.values())):  # ours is the newest
+        ref = getattr(fin, "_weakref", None)
+        if ref is not None and ref() is obj:
+            return fin
+    return None
 
 
 class RemoteLane:
@@ -145,31 +205,80 @@ class RemoteLane:
 
 class Waiter:
     """Blocks on one done-semaphore until lanes it expects finish; between polls it calls
-    ``check_health`` (which raises if a peer died), so a dead worker never hangs us.
+    ``check_health`` (which raises if a peer died), so a dead worker never hangs us, and
+    looks for a stuck one: an expected lane whose progress (``seq`` plus, for an actor,
+    ``beat``) has not moved for ``timeout`` seconds is a :class:`WorkerError` carrying its
+    Python stack. Only lanes found unchanged at two checks ``timeout`` apart are stuck, so no
+    clock is read on the fast path; health is also checked every ``POLL_SECONDS`` while
+    waits succeed (a busy actor whose waits never time out still sees a dead replica).
+
+    ``beat`` (an int64 memoryview and an index) is this process's own progress word: a poll
+    that times out bumps it, telling whoever waits for us that we are alive and waiting (our
+    own check then names the stuck worker below us, not us).
 
     Which lanes finished is found with one vectorised compare over the control block, so a
     wake-up costs the same with 2 or 64 busy workers."""
 
     def __init__(self, done_sem: Any, ctrl: ArrayBlock, check_health: Callable[[], None], config: Any = None,
-                 spin: float = 0.0):
+                 spin: float = 0.0, timeout: float = math.inf, beat: tuple[Any, int] | None = None):
         self.done_sem, self.ctrl, self.check_health, self.config = done_sem, ctrl, check_health, config
         self.spin = spin
+        self.timeout = timeout
+        self.beat = beat
+        self.kill_stuck = False  # SIGKILL a stuck worker when found (only the process that ends the layout)
         n = len(ctrl["seq"])
         self._issued = np.zeros(n, np.int64)
         self._busy = np.zeros(n, bool)
         self._lanes: dict[int, RemoteLane] = {}
+        self._seen = np.full(n, -1, np.int64)  # progress at the last check
+        self._since = np.zeros(n)  # when it last changed
+        self._checked = time.monotonic()
+        self._group: tuple[Any, int] = (slice(0, 0), 0)  # the RowGroup being awaited: slots, rows posted
+        self._pending_fns = (self._pending_lanes, self._pending_group)
 
     def expect(self, lane: RemoteLane) -> None:
         self._issued[lane.slot] = lane.issued
         self._busy[lane.slot] = True
         self._lanes[lane.slot] = lane
 
-    def _acquire(self) -> None:
+    def _pending_lanes(self) -> np.ndarray:
+        return np.flatnonzero(self._busy & (self.ctrl["seq"] < self._issued))
+
+    def _pending_group(self) -> np.ndarray:
+        sel, rows = self._group
+        slots = np.arange(len(self._issued))[sel]
+        return slots[self.ctrl["seq"][sel] < self._issued[sel] + rows]
+
+    def _acquire(self, group: int = 0) -> None:
         if acquire(self.done_sem, self.spin, POLL_SECONDS):
             return
-        self.check_health()
+        self._health(group)
         while not self.done_sem.acquire(timeout=POLL_SECONDS):
-            self.check_health()
+            self._health(group)
+
+    def _health(self, group: int) -> None:
+        """Peers alive (``check_health``), and none of the lanes awaited stuck."""
+        now = self._checked = time.monotonic()
+        if self.beat is not None:
+            self.beat[0][self.beat[1]] += 1
+        self.check_health()
+        if self.timeout == math.inf:
+            return
+        slots = self._pending_fns[group]()
+        if not len(slots):
+            return
+        ctrl = self.ctrl
+        progress = ctrl["seq"][slots] + ctrl["beat"][slots]
+        moved = progress != self._seen[slots]
+        self._seen[slots] = progress
+        self._since[slots[moved]] = now
+        idle = now - self._since[slots]
+        stuck = slots[~moved & (idle > self.timeout)]
+        if len(stuck):
+            slot = int(stuck[0])
+            lane = self._lanes.get(slot)
+            raise stuck_error(ctrl, slot, lane.name if lane else f"worker {slot}", float(idle[slots == slot][0]),
+                              self.timeout, self.config, self.kill_stuck)
 
     def __call__(self) -> list[RemoteLane]:
         """Wait until at least one expected lane finished; return the finished lanes."""
@@ -186,21 +295,25 @@ class Waiter:
         for slot in done.tolist():
             if status[slot] == ERROR:
                 raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
+        if time.monotonic() - self._checked > POLL_SECONDS:  # waits that never time out check too
+            self._health(0)
         return [self._lanes[slot] for slot in done.tolist()]
 
-    def wait_group(self, sel: "slice | np.ndarray", count: int) -> None:
-        """Wait for one command given to each of the ``count`` lanes ``sel`` (a :class:`RowGroup`),
-        and no other command in flight: each lane posts exactly once per command, so this is
-        one semaphore take per lane and one vectorised status check, however many lanes."""
+    def wait_group(self, sel: "slice | np.ndarray", count: int, rows: int = 0) -> None:
+        """Wait for one command given to each of the ``count`` lanes ``sel`` (a :class:`RowGroup`
+        that has posted ``rows`` rows since it settled), and no other command in flight: each
+        lane posts exactly once per command, so this is one semaphore take per lane and one
+        vectorised status check, however many lanes."""
+        self._group = (sel, rows)
         if self.spin > 0.0:
             for _ in range(count):
-                self._acquire()
+                self._acquire(1)
         else:
             take = self.done_sem.acquire
             for _ in range(count):
                 if not take(True, POLL_SECONDS):
-                    self.check_health()
-                    self._acquire()
+                    self._health(1)
+                    self._acquire(1)
         status = self.ctrl["status"][sel]
         if status.any():
             failed = np.arange(len(self._issued))[sel][status == ERROR]
@@ -212,6 +325,59 @@ class Waiter:
             self.expect(lane)
         while self._busy.any():
             self()
+
+
+def stuck_error(ctrl: ArrayBlock, slot: int, name: str, idle: float, timeout: float, config: Any,
+                kill: bool = False) -> WorkerError:
+    """The :class:`WorkerError` for the worker of ``slot``, idle for ``idle`` seconds, with its
+    stack; ``kill`` then SIGKILLs it (it would not honour EXIT, and the layout is ending)."""
+    pid, fd = int(ctrl["pid"][slot]), int(ctrl["dumpfd"][slot])
+    note, stack = process_stack(pid, fd)
+    if kill and pid > 0:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return WorkerError(name, f"made no progress for {idle:.1f} s{note} (pid {pid}); if its steps are this slow "
+                             f"on purpose, raise worker_timeout (now {timeout:g} s): make_executor(..., "
+                             f"worker_timeout=SECONDS)", "", config, stack)
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ...), or ``""``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def process_stack(pid: int, fd: int) -> tuple[str, str]:
+    """``(note, stack)`` of process ``pid``: its Python stack, dumped by ``faulthandler`` (which
+    the worker registered on ``DUMP_SIGNAL``, writing to its file ``fd``), read through
+    ``/proc/<pid>/fd`` (Linux). A stopped process cannot dump: the note says so."""
+    state = process_state(pid) if pid > 0 else ""
+    if state in ("T", "t"):
+        return " and is stopped (SIGSTOP; SIGCONT would resume it)", ""
+    if not state or state in ("Z", "X"):
+        return " and has exited", ""
+    if fd < 0:
+        return " while starting", "(no stack: it had not yet registered its stack dump)"
+    try:
+        f = open(f"/proc/{pid}/fd/{fd}", "rb")
+    except OSError:
+        return "", "(its stack could not be read: no /proc/<pid>/fd here)"
+    with f:
+        start = size = os.fstat(f.fileno()).st_size  # earlier dumps
+        os.kill(pid, DUMP_SIGNAL)
+        deadline = time.monotonic() + DUMP_SECONDS
+        while time.monotonic() < deadline:  # the dump is written by a signal handler: no completion event
+            time.sleep(0.02)
+            last, size = size, os.fstat(f.fileno()).st_size
+            if size > start and size == last:
+                break
+        f.seek(start)
+        return "", f.read().decode(errors="replace").strip() or "(it did not dump its stack in time)"
 
 
 class RowGroup:
@@ -245,7 +411,7 @@ class RowGroup:
             post()
 
     def wait(self) -> None:
-        self.waiter.wait_group(self.sel, len(self._posts))
+        self.waiter.wait_group(self.sel, len(self._posts), self.rows)
 
     def settle(self) -> None:
         """After the last row: count the rows as commands each lane finished."""
@@ -256,6 +422,7 @@ class RowGroup:
 
 
 CLOSING = 3  # hdr index: the caller is closing this layout
+BEAT = 4  # hdr index: the progress word of an actor running in the caller's process (see Waiter)
 
 
 def parent_watch(ctrl: ArrayBlock | None = None) -> Callable[[], None]:

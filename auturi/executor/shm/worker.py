@@ -3,9 +3,12 @@
 there is one actor, in the caller's process."""
 from __future__ import annotations
 
+import faulthandler
+import math
 import os
 import signal
 import sys
+import tempfile
 from typing import Any, Callable
 
 import cloudpickle
@@ -17,8 +20,8 @@ from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, RowGroup, Waiter, acquire,
-                                         parent_watch, read_name, write_error)
+from auturi.executor.shm.channel import (DUMP_SIGNAL, EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, RowGroup, Waiter,
+                                         acquire, parent_watch, read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -73,11 +76,11 @@ class ActorHost:
     def __init__(self, actor: int, config: Config, env_fns: Callable[[], list], policy: Callable[[], Any],
                  seed: int, generation: int,
                  ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any, id_offset: int = 0,
-                 spin: float = 0.0):
+                 spin: float = 0.0, timeout: float = math.inf, beat: tuple[Any, int] | None = None):
         self.actor, self.config, self.ctrl = actor, config, ctrl
         ids = config.actor_env_ids(actor)
         self.local_policy: PolicyRunner | None = None
-        self.waiter = Waiter(done_sem, ctrl, check_health, config, spin)
+        self.waiter = Waiter(done_sem, ctrl, check_health, config, spin, timeout, beat)
         # The actor steps the first share of its envs itself, between handing out the other
         # shares and waiting for them: one process fewer, and the actor's core works instead
         # of idling (an idle vCPU was measured to take 0.1-2 ms to wake).
@@ -91,7 +94,7 @@ class ActorHost:
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
         self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter,
-                              lambda remotes: RowGroup(remotes, self.waiter))
+                              lambda remotes: RowGroup(remotes, self.waiter), beat)
         self.fresh = True
 
     def bind(self, arrays: dict[str, np.ndarray]) -> None:
@@ -147,6 +150,17 @@ def _set_torch_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def register_stack_dump() -> int:
+    """Have ``faulthandler`` write this process's Python stack (all threads) to an anonymous
+    file on ``DUMP_SIGNAL``; returns its fd, which a process that finds us stuck reads through
+    ``/proc/<pid>/fd/<fd>`` (``channel.process_stack``). A C-level handler: it dumps even
+    while the main thread is stuck in C code holding the GIL. Nothing is left on disk."""
+    dump = tempfile.TemporaryFile()
+    register_stack_dump.file = dump  # type: ignore[attr-defined]  # kept open for the process's life
+    faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    return dump.fileno()
+
+
 def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_sem: Any, ready_sem: Any,
                 payloads: tuple[bytes, bytes], spec: WorkloadSpec, num_envs: int, info: dict, conn: Any) -> None:
     """Entry point of every worker process. ``kind`` is ``env``, ``policy`` or ``actor``."""
@@ -162,7 +176,12 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             os.sched_setaffinity(0, info["cpus"])
         except (AttributeError, OSError):
             pass
-    ctrl = ArrayBlock.attach(ctrl_handle)
+    try:
+        ctrl = ArrayBlock.attach(ctrl_handle)
+    except FileNotFoundError:  # the caller closed the layout while we started (Ctrl-C): nothing to report
+        return
+    ctrl["pid"][slot] = os.getpid()
+    ctrl["dumpfd"][slot] = register_stack_dump()
     check_parent = parent_watch(ctrl)
     data = DataBinding(ctrl, spec, num_envs)
     obj: Any = None
@@ -183,7 +202,8 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             _set_torch_threads(info["threads"])
         else:
             obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
-                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"], info["spin"])
+                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"], info["spin"],
+                            info["timeout"], (memoryview(ctrl["beat"]), slot))
             if obj.local_policy is not None:
                 _set_torch_threads(info["threads"])
             done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
