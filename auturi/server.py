@@ -13,6 +13,9 @@ Endpoints (all ``GET``):
   refreshes itself;
 - ``/openapi.json``: the schema.
 
+(One module of ~1,000 lines, a sixth of it the page's HTML and script: the app, its guard,
+its page and the server that runs it change together.)
+
 ``source`` is any object with ``status() -> dict`` and ``trials() -> list[dict]``, such as a
 :class:`~auturi.tuner.Tuner`. Serving must not slow collection, so the recommended source is
 a :class:`StatusSnapshot` fed by the tuner's callback: the tuner's thread publishes a new
@@ -23,8 +26,12 @@ in the server thread.
 Security: the server binds loopback (``127.0.0.1``) by default. Binding any other address
 requires a ``token``; then every request must carry it, as ``Authorization: Bearer TOKEN`` or
 ``?token=TOKEN``, or gets 401. Without a token the server answers only requests whose
-``Host`` is a loopback name (a guard against DNS rebinding). Errors are JSON
-(``{"detail": ...}``): 404 for an unknown path, 422 for a bad parameter.
+``Host`` header is exactly a loopback address or name (``127.0.0.1`` or any 127.x.y.z
+literal, ``[::1]``, ``localhost``, or the name it was bound to; any port), and 400 to others,
+including a request with no ``Host`` (a guard against DNS rebinding: ``127.0.0.1.evil.example``
+is an attacker's name, not an address). Errors are JSON (``{"detail": ...}``, declared so in
+the OpenAPI schema): 400 for such a ``Host``, 401 for a missing token, 404 for an unknown
+path, 422 for a bad parameter.
 
 Example:
     >>> from auturi.server import StatusServer, StatusSnapshot
@@ -58,7 +65,7 @@ __all__ = ["ServerError", "StatusServer", "StatusSnapshot", "create_app", "is_lo
 
 PHASES = ("idle", "baseline", "profiling", "search", "final", "done", "failed", "explore", "locked", "research", "paused")
 TRIAL_STATUSES = ("running", "ok", "invalid", "failed")
-TRIAL_SOURCES = ("start", "serial", "cache", "search", "final", "online", "research")
+TRIAL_SOURCES = ("start", "serial", "cache", "search", "final", "confirm", "online", "research")
 LINE_COLOUR = "#1f77b4"
 """The colour of the throughput line on the page (the browser test looks for it)."""
 
@@ -435,6 +442,14 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
+def _is_ip(h: str) -> bool:
+    try:
+        ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    return True
+
+
 def _host_of(header: str) -> str:
     """The host part of a ``Host`` header (``[::1]:8000`` -> ``::1``)."""
     h = header.strip().lower()
@@ -443,12 +458,57 @@ def _host_of(header: str) -> str:
     return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
 
 
+def _is_loopback_host_header(value: str, names: frozenset[str]) -> bool:
+    """True when a ``Host`` header addresses this server by a loopback IP literal
+    (``127.0.0.0/8``, ``[::1]``) or by one of ``names`` (localhost, the bound name), exactly,
+    with an optional numeric port.
+
+    An exact match, not a prefix: ``127.evil.example`` or ``127.0.0.1.evil.example`` are DNS
+    names an attacker controls and can point at 127.0.0.1 (DNS rebinding), while an IP literal
+    (any of 127.0.0.0/8) names no DNS record at all, so it cannot be an attacker's."""
+    h = value.lower()
+    if h.startswith("["):  # an IPv6 literal, bracketed as a Host header requires
+        end = h.find("]")
+        host, rest = (h[1:end], h[end + 1:]) if end > 0 else ("", "")
+        if not _port_ok(rest):
+            return False
+        try:
+            return ipaddress.IPv6Address(host).is_loopback
+        except ValueError:
+            return False
+    host, colon, port = h.partition(":")
+    if colon and not _port_ok(":" + port):
+        return False
+    if host in names:
+        return True
+    try:
+        return ipaddress.IPv4Address(host).is_loopback  # strict dotted quad: no "127.1", no "0x7f.1"
+    except ValueError:
+        return False
+
+
+def _port_ok(rest: str) -> bool:
+    """``rest`` is empty or ``:`` and a port number."""
+    return rest == "" or (rest[:1] == ":" and rest[1:].isascii() and rest[1:].isdigit() and len(rest) <= 6
+                          and int(rest[1:]) <= 65535)
+
+
+def _host_refusal(hosts: list[str]) -> str:
+    what = (f"host {hosts[0]!r} is" if len(hosts) == 1 else
+            "a request without a Host header is" if not hosts else "several Host headers are")
+    return (f"{what} not allowed: without a token this server answers only requests addressed to a loopback "
+            f"name or address (localhost, 127.0.0.1, [::1]); open http://127.0.0.1:PORT/, or serve with a token")
+
+
 class _Guard:
     """ASGI middleware: the token rule, and the loopback ``Host`` rule when there is no token."""
 
     def __init__(self, app: Any, token: str | None, bound_host: str):
         self.app, self.token = app, token
-        self.allowed_hosts = {"127.0.0.1", "localhost", "::1", _host_of(bound_host)}
+        bound = _host_of(bound_host)
+        # The bound host counts when it is a name (an operator who binds "myhost" opens
+        # http://myhost:PORT/); an address is covered by the literal rule already.
+        self.names = frozenset({"localhost"} | ({bound} if bound and not _is_ip(bound) else set()))
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -456,12 +516,12 @@ class _Guard:
             return
         from starlette.responses import JSONResponse
 
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = scope.get("headers", [])
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
         if self.token is None:
-            host = _host_of(headers.get("host", "127.0.0.1"))
-            if host not in self.allowed_hosts and not host.startswith("127."):
-                resp = JSONResponse({"detail": f"host {host!r} not allowed: without a token this server answers "
-                                               f"only loopback names (127.0.0.1, localhost, ::1)"}, status_code=400)
+            hosts = [v.decode("latin-1") for k, v in raw if k.lower() == b"host"]
+            if len(hosts) != 1 or not _is_loopback_host_header(hosts[0], self.names):
+                resp = JSONResponse({"detail": _host_refusal(hosts)}, status_code=400)
                 await resp(scope, receive, send)
                 return
         elif not self._authorised(headers, scope.get("query_string", b"")):
@@ -494,10 +554,12 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
 
     M = _models()
     reader = _Reader(source, dict(hardware) if hardware else None)
-    err = {"model": M["ErrorModel"]}
+    bad_param = _json_errors(M, {422: "Bad parameter"})
+    # What the guard answers before any route runs: every route can get it.
+    guard = ({401: "Missing or wrong token"} if token is not None
+             else {400: "Host missing or not a loopback name or address"})
     app = FastAPI(title=title, version=_version(), docs_url=None, redoc_url=None, openapi_url="/openapi.json",
-                  description="Live state of an Auturi tuning run. GET only.",
-                  responses={404: {**err, "description": "Unknown path"}})
+                  description="Live state of an Auturi tuning run. GET only.", responses=_json_errors(M, guard))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -514,8 +576,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
     nocache = {"Cache-Control": "no-store"}
     trials_body: list[Any] = [None]  # (shaped trial list, query, JSON bytes) of the last /trials answer
 
-    @app.get("/status", response_model=M["StatusModel"], summary="Where tuning stands",
-             responses={422: {**err, "description": "Bad parameter"}})
+    @app.get("/status", response_model=M["StatusModel"], summary="Where tuning stands")
     async def get_status() -> JSONResponse:
         st = reader.status()
         try:
@@ -527,7 +588,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         return JSONResponse(body, headers=nocache)
 
     @app.get("/trials", response_model=M["TrialsModel"], summary="Every trial with its samples",
-             responses={422: {**err, "description": "Bad parameter"}})
+             responses=bad_param)
     async def get_trials(
         offset: Annotated[int, Query(ge=0, le=1_000_000_000, description="Skip this many trials")] = 0,
         limit: Annotated[int | None, Query(ge=1, le=100_000, description="Return at most this many")] = None,
@@ -550,19 +611,18 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         return Response(body, media_type="application/json", headers=nocache)
 
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text format",
-             responses={200: {"content": {"text/plain": {}}}, 422: {**err, "description": "Bad parameter"}})
+             responses={200: {"content": {"text/plain": {}}}})
     async def get_metrics() -> PlainTextResponse:
         text = render_metrics(reader.status(), reader.trials())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8", headers=nocache)
 
-    @app.get("/healthz", response_model=M["HealthModel"], summary="Liveness",
-             responses={422: {**err, "description": "Bad parameter"}})
+    @app.get("/healthz", response_model=M["HealthModel"], summary="Liveness")
     async def get_healthz() -> JSONResponse:
         phase = str(reader.raw_status().get("phase") or "unknown")
         return JSONResponse({"status": "ok", "phase": phase, "uptime_seconds": time.time() - reader.started})
 
     @app.get("/", response_class=HTMLResponse, summary="A page that plots throughput per trial",
-             responses={200: {"content": {"text/html": {}}}, 422: {**err, "description": "Bad parameter"}})
+             responses={200: {"content": {"text/html": {}}}, **bad_param})
     async def get_page(
         refresh: Annotated[float, Query(ge=0.5, le=3600.0, description="Seconds between refreshes")] = 2.0,
     ) -> HTMLResponse:
@@ -575,6 +635,14 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         _document_security(app)
     app.add_middleware(_Guard, token=token, bound_host=bound_host)
     return app
+
+
+def _json_errors(models: dict[str, Any], codes: Mapping[int, str]) -> dict[int, Any]:
+    """OpenAPI responses for JSON errors, each declared as ``application/json`` with the error
+    schema. Not FastAPI's ``model=``: that files the schema under the route's own media type,
+    which for the page would claim its 422 is ``text/html``."""
+    content = {"application/json": {"schema": models["ErrorModel"].model_json_schema()}}
+    return {code: {"description": what, "content": content} for code, what in codes.items()}
 
 
 def _document_security(app: Any) -> None:
