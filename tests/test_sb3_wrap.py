@@ -450,6 +450,115 @@ def test_online_tuner_logs_choice(one_thread, tmp_path, monkeypatch):
         unwrap_sb3(model)
 
 
+# ------------------------------------------------------------------ (e) a reconfigure mid-training
+# The online tuner switches layouts between collects; on shm a switch recreates every env, so
+# each running episode is cut and a new one starts. Plain SB3's equivalent: reset every env
+# between two rollouts with the seeds the executor gives recreated envs. Both must fill the
+# same buffers and keep the same statistics.
+CUT_LAYOUTS = [Config.serial(2), Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2)]
+
+
+class SwitchLayout(BaseCallback):
+    """At each rollout's end (where the online tuner reconfigures), switch to the next layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.switches = 0
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.switches += 1
+        ex = self.model.auturi.executor
+        assert ex.reconfigure(CUT_LAYOUTS[self.switches % len(CUT_LAYOUTS)]) > 0  # envs recreated
+
+
+class RestartEnvs(BaseCallback):
+    """Plain SB3 with a reconfigure's cut: at each rollout's end, every env restarts
+    (``VecEnv.reset``) seeded as the executor seeds generation ``g`` of env ``i``."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.seed, self.generation = seed, 0
+        self.running: list[int] = []  # episodes still running at each rollout's end
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        from auturi.envs import env_seed
+
+        self.generation += 1
+        self.running.append(int((~self.locals["dones"].astype(bool)).sum()))
+        env = self.model.env
+        base = env.venv if isinstance(env, VecNormalize) else env
+        base._seeds = [env_seed(self.seed, i, self.generation) for i in range(base.num_envs)]
+        self.model._last_obs = env.reset()
+        self.model._last_episode_starts = np.ones(env.num_envs, dtype=bool)
+        if isinstance(env, VecNormalize):
+            self.model._last_original_obs = env.get_original_obs()
+
+
+def monitor_rows(folder) -> list[list[tuple[float, float]]]:
+    """(r, t) of every row of each env's Monitor file, env by env."""
+    out = []
+    for path in sorted(folder.glob("*.monitor.csv"), key=lambda p: int(p.name.split(".")[0])):
+        lines = path.read_text().splitlines()
+        assert lines[0].startswith("#{") and lines[1].startswith("r,l,t"), lines[:2]  # one header, kept
+        out.append([(float(r), float(t)) for r, _, t in (line.split(",")[:3] for line in lines[2:])])
+    return out
+
+
+def test_reconfigure_cut_equals_sb3_restart(tmp_path, one_thread):
+    """Layouts switched after every rollout (each switch recreates the envs and cuts their
+    episodes) against plain SB3 restarting its envs at the same points, both acting
+    deterministically: same buffers (the cut episodes bootstrapped from V(last obs) in
+    GAE, new ones starting with episode_starts), the same episodes logged, VecNormalize's
+    reward statistics as SB3 restarting an episode leaves them, and every episode in the
+    Monitor files (a re-created Monitor used to empty its file at each reconfigure)."""
+    seed, n_steps, rollouts = 5, 24, 4
+
+    def run(wrap):
+        mon = tmp_path / ("wrapped" if wrap else "plain")
+        venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=seed, monitor_dir=str(mon)), norm_obs=False,
+                            gamma=0.9)
+        model = PPO("MlpPolicy", venv, n_steps=n_steps, seed=seed, device="cpu", n_epochs=1, gamma=0.9)
+        snaps = Snapshots()
+        if wrap:
+            wrap_sb3(model, config=CUT_LAYOUTS[0], tune=False, deterministic=True)
+            cuts = SwitchLayout()
+        else:
+            force_deterministic(model)
+            cuts = RestartEnvs(seed)
+        try:
+            model.learn(n_steps * 2 * rollouts, callback=[snaps, cuts])
+            # (plain: the last restart comes after learn's last rollout, so it cuts nothing)
+            cut = getattr(model.auturi, "cut_episodes", None) if wrap else sum(cuts.running[:-1])
+        finally:
+            if wrap:
+                unwrap_sb3(model)
+        venv.close()
+        eps = [(e["r"], e["l"]) for e in model.ep_info_buffer]
+        return snaps.buffers, eps, venv.ret_rms, monitor_rows(mon), cut
+
+    ref, ref_eps, ref_rms, ref_mon, ref_cut = run(False)
+    got, got_eps, got_rms, got_mon, cut = run(True)
+    starts = np.stack([b["episode_starts"][0] for b in ref[1:]])
+    assert starts.all()  # every rollout after the first starts new episodes
+    assert_same_buffer(ref, got, exact_floats=False)
+    assert got_eps == ref_eps and len(got_eps) > 0
+    np.testing.assert_allclose(got_rms.mean, ref_rms.mean, rtol=1e-6)
+    np.testing.assert_allclose(got_rms.var, ref_rms.var, rtol=1e-6)
+    assert got_rms.count == ref_rms.count
+    assert [len(rows) for rows in got_mon] == [len(rows) for rows in ref_mon]  # every episode, per env
+    assert sum(len(rows) for rows in got_mon) == len(ref_eps)
+    for got_rows, ref_rows in zip(got_mon, ref_mon):
+        assert [r for r, _ in got_rows] == [r for r, _ in ref_rows]
+        assert all(b >= a for (_, a), (_, b) in zip(got_rows, got_rows[1:]))  # "t" counts on, never restarts
+    assert cut == ref_cut > 0  # counted (and logged as auturi/cut_episodes)
+
+
 # ------------------------------------------------------------------ (d) learning parity
 def test_learning_parity_cartpole(one_thread):
     """PPO on CartPole-v1 reaches a similar return wrapped and unwrapped (same seeds; the

@@ -74,11 +74,15 @@ class EnvRebuildError(AuturiError, ValueError):
 class EpisodeMonitor(gym.Wrapper):
     """The episode statistics of SB3's ``Monitor`` without importing SB3 (and torch): at an
     episode's end ``info["episode"] = {"r", "l", "t"}`` plus ``info_keywords``, as Monitor
-    writes them. It keeps Monitor's per-episode lists too."""
+    writes them. It keeps Monitor's per-episode lists too.
 
-    def __init__(self, env: gym.Env, info_keywords: Sequence[str] = ()):
+    ``t_start``: the time ``"t"`` counts from. A re-created monitor (in a worker, again
+    after each reconfigure) gets the user's monitor's, so ``"t"`` keeps counting from when
+    training's env was made instead of restarting at each reconfigure."""
+
+    def __init__(self, env: gym.Env, info_keywords: Sequence[str] = (), t_start: float | None = None):
         super().__init__(env)
-        self.t_start = time.time()
+        self.t_start = time.time() if t_start is None else float(t_start)
         self.info_keywords = tuple(info_keywords)
         self.rewards: list[float] = []
         self.episode_returns: list[float] = []
@@ -179,8 +183,8 @@ def _atari_kwargs(chain: list[gym.Env]) -> dict[str, Any]:
 class EnvFactory:
     """A picklable recipe for one env: a base (``("make", EnvSpec)``, ``("pickle", bytes)``
     or ``("fn", callable)``) and wrapper layers applied inside out. Calling it builds the env.
-    Layers: ``("kwargs", cls, kwargs)``, ``("monitor", info_keywords)``,
-    ``("sb3_monitor", kwargs)``, ``("atari", kwargs)``, ``("framestack", n, channels_first)``,
+    Layers: ``("kwargs", cls, kwargs)``, ``("monitor", info_keywords[, t_start])``,
+    ``("sb3_monitor", kwargs[, t_start])``, ``("atari", kwargs)``, ``("framestack", n, channels_first)``,
     ``("transpose",)``."""
 
     def __init__(self, base: tuple, layers: Sequence[tuple] = (), name: str = "env"):
@@ -209,16 +213,28 @@ class EnvFactory:
         return f"EnvFactory({self.name}, layers={[layer[0] for layer in self.layers]})"
 
 
+def _sb3_monitor(env: gym.Env, kwargs: Mapping[str, Any], t_start: float | None) -> gym.Env:
+    """SB3's ``Monitor`` writing to the user's file. The user's own monitor wrote the file's
+    header (and its ``t_start``) when training's env was made; this copy is made again in
+    every worker and after every reconfigure, so it appends (opening with Monitor's default
+    ``override_existing=True`` emptied the file each time: a reconfigure lost every episode
+    written before it) and counts ``"t"`` from that same ``t_start``."""
+    from stable_baselines3.common.monitor import Monitor
+
+    mon = Monitor(env, **{**kwargs, "override_existing": False})
+    if t_start is not None:
+        mon.t_start = float(t_start)
+    return mon
+
+
 def _apply_layer(env: gym.Env, layer: tuple) -> gym.Env:
     kind = layer[0]
     if kind == "kwargs":
         return layer[1](env, **layer[2])
     if kind == "monitor":
-        return EpisodeMonitor(env, info_keywords=layer[1])
+        return EpisodeMonitor(env, info_keywords=layer[1], t_start=layer[2] if len(layer) > 2 else None)
     if kind == "sb3_monitor":
-        from stable_baselines3.common.monitor import Monitor
-
-        return Monitor(env, **layer[1])
+        return _sb3_monitor(env, layer[1], layer[2] if len(layer) > 2 else None)
     if kind == "atari":
         from stable_baselines3.common.atari_wrappers import AtariWrapper
 
@@ -467,9 +483,9 @@ def _recipe_from_env(env: gym.Env, where: str) -> EnvFactory:
                 fname = w.results_writer.file_handler.name
                 stem = fname.removesuffix(".monitor.csv")
                 layers.append(("sb3_monitor", {"filename": stem, "info_keywords": tuple(w.info_keywords),
-                                               "allow_early_resets": True}))
+                                               "allow_early_resets": True}, float(w.t_start)))
             else:
-                layers.append(("monitor", tuple(w.info_keywords)))
+                layers.append(("monitor", tuple(w.info_keywords), float(w.t_start)))
         elif mod.startswith("stable_baselines3.common.atari_wrappers") and cls.__name__ in atari_inner:
             # The wrappers AtariWrapper stacks; an AtariWrapper layer must follow them.
             j = k
@@ -568,7 +584,7 @@ def _split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
                 raise NotImplementedError(
                     "VecMonitor(filename=...) is not supported by auturi.wrap: wrap each env in "
                     "Monitor(env, filename) instead (make_vec_env(..., monitor_dir=...) does)")
-            layers.insert(0, ("monitor", tuple(w.info_keywords)))
+            layers.insert(0, ("monitor", tuple(w.info_keywords), float(w.t_start)))
         else:
             raise NotImplementedError(
                 f"the VecEnv wrapper {type(w).__name__} is not supported by auturi.wrap (supported: VecNormalize "
@@ -603,6 +619,7 @@ class SB3Handle:
         self.raw_observation_space = raw_observation_space
         self.last_stats: Any = None
         self.collects = 0
+        self.cut_episodes = 0  # episodes a reconfigure cut short (see _restart_cut_episodes)
         self.snapshot: Any = None  # auturi.server.StatusSnapshot, with status_port
         self.server: Any = None    # auturi.server.StatusServer, with status_port
         self._locked_logged = False
@@ -698,6 +715,7 @@ def _collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n
                     for k, v in rollout.final_observations.items()}
     cpu = self.device.type == "cpu"
 
+    _restart_cut_episodes(self, h, rollout.episode_starts[0], rollout.observations[0])
     self._last_obs = obs_seen[0]
     self._last_episode_starts = rollout.episode_starts[0]
     for t in range(T):
@@ -777,6 +795,29 @@ def _collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n
     callback.on_rollout_end()
 
     return True
+
+
+def _restart_cut_episodes(model: Any, h: SB3Handle, starts: np.ndarray, raw_obs: np.ndarray) -> None:
+    """Account for episodes the executor cut: a reconfigure that recreates envs starts each
+    with a new episode (``starts`` True) although its last one had not ended (the previous
+    rollout's last ``dones`` False). The learner has already bootstrapped the cut episode
+    from V(its last observation) in that rollout's GAE, exactly as SB3 bootstraps any
+    episode still running at a rollout's end, so its data needs nothing more. What does:
+    VecNormalize, updated as ``VecNormalize.reset()`` updates it for a restarted env (the
+    running discounted return restarts, which carried the old episode's return into the new
+    one's reward statistics when missed; the reset observation enters the observation
+    statistics), and the count of cut episodes (``auturi/cut_episodes``): they end in no
+    Monitor record, so the episodes logged fall short of plain SB3's by this number."""
+    cut = np.asarray(starts, dtype=bool) & ~np.asarray(model._last_episode_starts, dtype=bool)
+    if not cut.any():
+        return
+    h.cut_episodes += int(cut.sum())
+    vn = h.vecnorm
+    if vn is not None:
+        vn.returns[cut] = 0
+        if vn.training and vn.norm_obs:
+            vn.obs_rms.update(raw_obs[cut])
+    model.logger.record("auturi/cut_episodes", h.cut_episodes)
 
 
 # ================================================================================== wrap

@@ -1,0 +1,241 @@
+"""Learning parity of the default path (issue 12, part 3): PPO trained by plain SB3 against
+the same model under ``auturi.wrap(model)`` with online tuning on (a fresh tuner cache per
+run), same seed, runs alternated, on tasks whose episodes are long (CartPole-v1 reaches its
+500-step limit, Acrobot-v1 starts at its 500-step limit).
+
+Per run it records what learning gives, none of it a timing:
+
+- ``final_return``: mean return of the last ``--last`` episodes the Monitor logged;
+- ``eval_return``: the final policy (stochastic, as it trains) on fresh envs, one episode
+  each: separates a worse policy from a biased episode log;
+- ``episodes``: episodes logged over the run; ``cut``: episodes that started without the
+  previous one ending (a reconfigure recreated the env mid-episode; plain SB3 has none);
+- ``reconfigures`` and the tuner's final phase and layout (the wrapped run).
+
+Per task the table gives each side's mean and standard deviation over seeds and the paired
+difference (auturi - sb3) with its standard error; ``|diff| > 2 SE`` is marked as beyond
+seed noise. Wall seconds are printed but mean little on a shared machine.
+
+Run: python -m bench.parity [--quick] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
+Writes bench/results/parity[_quick].json and .md (``--out DIR`` elsewhere).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.common import machine_header
+
+# PPO settings from rl-baselines3-zoo, shortened to fit a 2-core machine; the steps are
+# where plain SB3 is well past a random policy (CartPole ~400+, Acrobot ~-100).
+TASKS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"n_envs": 8, "normalize": False, "steps": 30_000, "quick_steps": 8_000,
+                    "ppo": {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
+                            "learning_rate": 1e-3, "ent_coef": 0.0}},
+    "Acrobot-v1": {"n_envs": 8, "normalize": True, "steps": 50_000, "quick_steps": 8_000,
+                   "ppo": {"n_steps": 256, "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0}},
+}
+KINDS = ("sb3", "auturi")
+
+
+def _episode_log_class() -> type:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class EpisodeLog(BaseCallback):
+        """Every episode the Monitor logs (its return), the cut episodes, and the layout of
+        every rollout of a wrapped model."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.returns: list[float] = []
+            self.cut = 0
+            self.layouts: list[str] = []
+            self._dones: Any = None  # the last step's dones of the previous rollout
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(float(info["episode"]["r"]))
+            return True
+
+        def _on_rollout_end(self) -> None:
+            starts = self.model.rollout_buffer.episode_starts[0].astype(bool)
+            if self._dones is not None:
+                self.cut += int((starts & ~self._dones.astype(bool)).sum())
+            self._dones = self.locals["dones"].copy()
+            h = vars(self.model).get("auturi")
+            if h is not None:
+                self.layouts.append(str(h.config))
+
+    return EpisodeLog
+
+
+def _make_model(task: str, seed: int) -> Any:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    t = TASKS[task]
+    env = make_vec_env(task, n_envs=t["n_envs"], seed=seed)
+    if t["normalize"]:
+        env = VecNormalize(env)
+    return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **t["ppo"])
+
+
+def evaluate(model: Any, task: str, seed: int, episodes: int = 8) -> float:
+    """Mean return of ``episodes`` episodes of the model's stochastic policy on fresh envs
+    (seeds apart from training's), with the training's observation statistics."""
+    import copy
+
+    import numpy as np
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = make_vec_env(task, n_envs=episodes, seed=10_000 + 100 * seed)
+    train_norm = model.get_vec_normalize_env()
+    if train_norm is not None:
+        env = VecNormalize(env, training=False, norm_reward=False)
+        env.obs_rms = copy.deepcopy(train_norm.obs_rms)
+    try:
+        rets, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=False, return_episode_rewards=True)
+    finally:
+        env.close()
+    return float(np.mean(rets))
+
+
+def run(task: str, seed: int, kind: str, steps: int, last: int) -> dict[str, Any]:
+    """One ``learn`` of ``steps`` steps: ``kind`` ``sb3`` (plain) or ``auturi``
+    (``auturi.wrap(model)``, online tuning, a fresh cache directory)."""
+    import numpy as np
+    import torch
+
+    import auturi
+
+    torch.set_num_threads(1)
+    model = _make_model(task, seed)
+    log = _episode_log_class()()
+    out: dict[str, Any] = {"task": task, "seed": seed, "kind": kind}
+    with tempfile.TemporaryDirectory(prefix="auturi-parity-cache-") as cache:
+        if kind == "auturi":
+            model = auturi.wrap(model, budget={"cache": cache})
+        try:
+            t0 = time.perf_counter()
+            model.learn(steps, callback=log)
+            out["seconds"] = time.perf_counter() - t0
+            if kind == "auturi":
+                tuner = model.auturi.tuner
+                out["final_layout"] = str(model.auturi.config)
+                out["tuner_phase"] = tuner.phase if tuner is not None else None
+                out["trials"] = len(tuner.history) if tuner is not None else 0
+        finally:
+            if kind == "auturi":
+                model.auturi.close()
+    out["timesteps"] = int(model.num_timesteps)
+    out["episodes"] = len(log.returns)
+    out["cut"] = log.cut
+    out["reconfigures"] = sum(a != b for a, b in zip(log.layouts, log.layouts[1:]))
+    out["final_return"] = float(np.mean(log.returns[-last:])) if log.returns else float("nan")
+    out["eval_return"] = evaluate(model, task, seed)
+    return out
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarize_task(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric: each side's mean and SD over seeds and the paired difference (auturi -
+    sb3) with its standard error; ``beyond_noise`` when |diff| > 2 SE (and SE > 0).
+
+    >>> rs = [{"seed": s, "kind": k, "final_return": v, "eval_return": v, "episodes": 10, "cut": 0}
+    ...       for s, (a, b) in enumerate([(1.0, 1.0), (2.0, 2.5)]) for k, v in (("sb3", a), ("auturi", b))]
+    >>> summarize_task(rs)["final_return"]["diff"]
+    0.25
+    """
+    by = {(r["seed"], r["kind"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs if (r["seed"], "sb3") in by and (r["seed"], "auturi") in by})
+    out: dict[str, Any] = {"seeds": seeds}
+    for metric in ("final_return", "eval_return", "episodes", "cut"):
+        a = [float(by[s, "sb3"][metric]) for s in seeds]
+        b = [float(by[s, "auturi"][metric]) for s in seeds]
+        d = [y - x for x, y in zip(a, b)]
+        dm, dsd = _mean_sd(d)
+        se = dsd / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+        out[metric] = {"sb3": _mean_sd(a), "auturi": _mean_sd(b), "diff": dm, "se": se,
+                       "beyond_noise": bool(se > 0 and abs(dm) > 2 * se) or bool(se == 0 and dm != 0)}
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = [f"# Learning parity: plain SB3 vs auturi.wrap(model) (online tuning)", "",
+             f"`{res['command']}`  ", f"{res['machine']}", "",
+             "| task | steps | metric | SB3 mean ± sd | auturi mean ± sd | diff (auturi-SB3) ± SE | beyond noise |",
+             "|---|---:|---|---:|---:|---:|:---:|"]
+    for task, s in res["summary"].items():
+        for metric in ("final_return", "eval_return", "episodes", "cut"):
+            m = s[metric]
+            lines.append(f"| {task} | {res['steps'][task]} | {metric} | {m['sb3'][0]:.1f} ± {m['sb3'][1]:.1f} | "
+                         f"{m['auturi'][0]:.1f} ± {m['auturi'][1]:.1f} | {m['diff']:+.1f} ± {m['se']:.1f} | "
+                         f"{'**yes**' if m['beyond_noise'] else 'no'} |")
+    lines += ["", "Per run:", "", "| task | seed | kind | final_return | eval_return | episodes | cut | reconfigures | "
+              "tuner | seconds |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+    for r in res["runs"]:
+        tuner = f"{r.get('tuner_phase')}, {r.get('trials')} trials" if r["kind"] == "auturi" else ""
+        lines.append(f"| {r['task']} | {r['seed']} | {r['kind']} | {r['final_return']:.1f} | {r['eval_return']:.1f} | "
+                     f"{r['episodes']} | {r['cut']} | {r.get('reconfigures', 0)} | {tuner} | {r['seconds']:.1f} |")
+    lines += ["", f"final_return: mean of the last {res['last']} logged episodes; eval_return: the final stochastic "
+              f"policy, 8 fresh episodes; cut: episodes restarted without ending (a reconfigure recreated the env); "
+              f"beyond noise: |diff| > 2 SE of the paired differences over seeds.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="2 seeds, short runs (< 3 min)")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5, --quick 2)")
+    ap.add_argument("--steps", type=int, default=None, help="learn steps for every task (default: per task)")
+    ap.add_argument("--last", type=int, default=20, help="final_return averages this many last episodes")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    import stable_baselines3  # noqa: F401  (listed in the machine header)
+    import torch  # noqa: F401
+
+    seeds = args.seeds or (2 if args.quick else 5)
+    steps = {t: args.steps or TASKS[t]["quick_steps" if args.quick else "steps"] for t in args.tasks}
+    res: dict[str, Any] = {"machine": machine_header(), "last": args.last, "steps": steps,
+                           "command": "python -m bench.parity " + " ".join(sys.argv[1:] if argv is None else argv),
+                           "runs": []}
+    print(res["machine"], flush=True)
+    t0 = time.perf_counter()
+    for task in args.tasks:
+        for seed in range(seeds):
+            for kind in KINDS:  # alternated: a drift of the machine hits both alike
+                r = run(task, seed, kind, steps[task], args.last)
+                res["runs"].append(r)
+                print(f"{task} seed {seed} {kind:6s}: final {r['final_return']:7.1f}  eval {r['eval_return']:7.1f}  "
+                      f"episodes {r['episodes']:4d}  cut {r['cut']:3d}  reconfigures {r['reconfigures']:2d}  "
+                      f"{r['seconds']:5.1f}s {r.get('final_layout', '')} {r.get('tuner_phase') or ''}", flush=True)
+    res["seconds"] = time.perf_counter() - t0
+    res["summary"] = {t: summarize_task([r for r in res["runs"] if r["task"] == t]) for t in args.tasks}
+    name = "parity_quick" if args.quick else "parity"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+    md = markdown(res)
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
+        f.write(md)
+    print(md)
+    return res
+
+
+if __name__ == "__main__":
+    main()
