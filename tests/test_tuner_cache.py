@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import gymnasium as gym
 import pytest
@@ -120,6 +121,83 @@ def test_cache_store_load_and_corrupt_file(tmp_path):
     with pytest.raises(ValueError, match="hardware"):
         cache.store({"choice": {}})
     assert cache.clear() == 1
+
+
+GOOD_TRIAL = {"config": BEST.to_dict(), "samples": [1.0, 2], "warmup": [], "status": "ok", "error": None}
+# Cache records broken at each level: (what is wrong, the fields replaced, what the warning names).
+MALFORMED = [
+    ("choice a string (the issue's case)", {"choice": "nonsense"}, "choice must be a JSON object"),
+    ("choice a list", {"choice": [BEST.to_dict()]}, "choice must be a JSON object"),
+    ("no choice", {"choice": None}, "choice must be"),
+    ("choice without a config", {"choice": {"throughput": 5.0}}, "choice.config is missing"),
+    ("config a string", {"choice": {"config": "nonsense"}}, "choice.config must be a JSON object"),
+    ("config with a bad knob", {"choice": {"config": {"num_actors": "many"}}}, "choice.config is not a valid"),
+    ("config with an unknown knob", {"choice": {"config": {"warp": 9}}}, "choice.config is not a valid"),
+    ("throughput a string", {"choice": {"config": BEST.to_dict(), "throughput": "fast"}},
+     "choice.throughput must be a number"),
+    ("why a number", {"choice": {"config": BEST.to_dict(), "why": 3}}, "choice.why must be a string"),
+    ("no hardware", {"hardware": None}, "hardware must be"),
+    ("workload a list", {"workload": ["e"]}, "workload must be a JSON object"),
+    ("start a string", {"start": "serial"}, "start must be a JSON object"),
+    ("num_steps a float", {"num_steps": 16.5}, "num_steps must be an integer"),
+    ("cache_hit a string", {"cache_hit": "yes"}, "cache_hit must be true or false"),
+    ("startup a number", {"startup": 1.5}, "startup must be a JSON object"),
+    ("trials an object", {"trials": {"0": GOOD_TRIAL}}, "trials must be a JSON list"),
+    ("a trial a list", {"trials": [GOOD_TRIAL, [1, 2]]}, "trials[1] must be a JSON object"),
+    ("a trial without config", {"trials": [{"samples": [1.0]}]}, "trials[0].config is missing"),
+    ("a sample a string", {"trials": [{**GOOD_TRIAL, "samples": [1.0, "2"]}]}, "trials[0].samples[1] must be"),
+    ("a sample a bool", {"final": [{**GOOD_TRIAL, "samples": [True]}]}, "final[0].samples[0] must be"),
+    ("samples a number", {"trials": [{**GOOD_TRIAL, "samples": 3.0}]}, "trials[0].samples must be a JSON list"),
+    ("a final trial's error a number", {"final": [{**GOOD_TRIAL, "error": 3}]}, "final[0].error must be"),
+    ("a trial's config a list", {"trials": [{**GOOD_TRIAL, "config": [1]}]}, "trials[0].config must be"),
+]
+
+
+def test_malformed_cache_records_are_skipped_with_a_warning_naming_the_file(tmp_path):
+    cache = ResultsCache(tmp_path)
+    hw = {"cpu_model": "x", "cores": 2}
+    good_wl = {"env": "good", "num_envs": 4}
+    cache.store({"hardware": hw, "workload": good_wl, "choice": {"config": BEST.to_dict(), "throughput": 5.0},
+                 "trials": [GOOD_TRIAL], "final": [{**GOOD_TRIAL, "predicted": None}], "start": BEST.to_dict()})
+    cases = [(what, i, {"hardware": hw, "workload": {"env": f"bad{i}", "num_envs": 4},
+                        "choice": {"config": BEST.to_dict()}, **fields}, names)
+             for i, (what, fields, names) in enumerate(MALFORMED)]
+    cases += [("the record a list", len(cases), ["choice", "nonsense"], "the record must be a JSON object"),
+              ("no workload", len(cases) + 1, {"hardware": hw, "choice": {"config": BEST.to_dict()}},
+               "workload is missing")]
+    for what, i, rec, names in cases:
+        wl = {"env": f"bad{i}", "num_envs": 4}  # the key the file is filed under, whatever it holds
+        cache.path(hw, wl).write_text(json.dumps(rec))
+        with pytest.warns(UserWarning) as caught:
+            assert cache.load(hw, wl) is None, what
+            assert cache.best(hw, wl) is None, what
+        message = str(caught[0].message)
+        assert str(cache.path(hw, wl)) in message and names in message and "delete it" in message, (what, message)
+    assert cache.best(hw, good_wl) == (BEST, 5.0)  # the good record beside them still loads
+    assert len(list(tmp_path.glob("*.json"))) == len(cases) + 1
+
+
+def test_load_record_names_the_file_and_the_field(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"choice": {"config": BEST.to_dict()}, "start": BEST.to_dict(),
+                                "trials": [GOOD_TRIAL, {**GOOD_TRIAL, "samples": [1.0, "x"]}]}))
+    with pytest.raises(ValueError, match=r"run\.json is not a valid Auturi results record: trials\[1\]\.samples\[1\]"):
+        TuneResult.load(path)
+    path.write_text(json.dumps({"choice": {"config": BEST.to_dict()}, "start": BEST.to_dict(), "trials": [GOOD_TRIAL]}))
+    assert TuneResult.load(path).trials[0].samples == [1.0, 2]
+
+
+def test_a_corrupted_cache_record_does_not_break_the_next_run(tmp_path):
+    ex1 = FakeExecutor(8, speeds, noise=0.02, seed=1)
+    Tuner("grid", cache=tmp_path, clock=ex1.clock).tune(ex1, 16)
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "choice": "nonsense"}))
+    ex2 = FakeExecutor(8, speeds, noise=0.02, seed=2)
+    with pytest.warns(UserWarning, match=re.escape(str(path))):
+        second = Tuner("grid", cache=tmp_path, clock=ex2.clock).tune(ex2, 16)
+    assert not second.cache_hit and second.choice == BEST  # searched afresh
+    assert load_record(path)["choice"]["config"] == BEST.to_dict()  # and the file was rewritten whole
 
 
 def test_save_record_refuses_nan(tmp_path):

@@ -4,6 +4,9 @@ A record is one JSON document per tuning run: the hardware fingerprint (CPU mode
 memory, GPUs, torch version), the workload fingerprint (env, spaces, num_envs, policy,
 num_steps), every trial with all its samples, and the choice with the reason. The CLI, the
 status endpoint and the cache all read the same document.
+Reading one checks it (:func:`check_record`): a field of the wrong type is reported naming
+the file and the field, and a cache file that fails is skipped with a warning, so one bad
+file costs a fresh search rather than breaking every later run.
 
 The cache keeps the latest record per (hardware, workload) key, one file each, under
 ``$AUTURI_CACHE_DIR``, else ``$XDG_CACHE_HOME/auturi``, else ``~/.cache/auturi``; an explicit
@@ -172,13 +175,121 @@ def save_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
-def load_record(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a record written by :func:`save_record` (or ``TuneResult.save``)."""
+def load_record(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Read a record written by :func:`save_record` (or ``TuneResult.save``) and check it
+    (:func:`check_record`, with the ``required`` fields).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not JSON (``json.JSONDecodeError``), or not a valid record; the
+            message names the file and the field.
+    """
     with open(path) as f:
         rec = json.load(f)
-    if not isinstance(rec, dict):
-        raise ValueError(f"{path} is not an Auturi results record (expected a JSON object)")
+    try:
+        check_record(rec, required)
+    except ValueError as e:
+        raise ValueError(f"{path} is not a valid Auturi results record: {e}") from None
     return rec
+
+
+# What the loaders (TuneResult.from_record, Trial.from_dict, the cache's record_choice) read,
+# and the type each must have: a record with a wrongly typed field is refused on load, naming
+# the field, instead of breaking a later run with an AttributeError. Fields no loader reads
+# (mean, counts, ...: derived, for people and other tools) and unknown keys (a newer record
+# may add some) are not checked. "?" allows null.
+_RECORD_FIELDS = {
+    "mode": "str", "hardware": "dict", "workload": "dict", "strategy": "dict", "space": "dict",
+    "protocol": "dict", "budget": "dict", "num_steps": "int", "start": "config", "cache_hit": "bool",
+    "seconds": "num", "profile_seconds": "num", "startup": "startup", "trials": "trials", "final": "trials",
+    "choice": "choice",
+}
+_CHOICE_FIELDS = {"config": "config", "throughput": "num?", "why": "str"}
+_STARTUP_FIELDS = {"before_tune_seconds": "num?", "tune_setup_seconds": "num?"}
+_TRIAL_FIELDS = {
+    "config": "config", "samples": "nums", "warmup": "nums", "reconfigure_seconds": "num", "status": "str",
+    "stop_reason": "str", "error": "str?", "source": "str", "predicted": "num?", "started": "num",
+    "seconds": "num",
+}
+_OBJECTS = {"choice": _CHOICE_FIELDS, "startup": _STARTUP_FIELDS}
+CACHE_REQUIRED = ("hardware", "workload", "choice.config")
+"""The fields a cache record must have: the fingerprints it is filed under, and the choice."""
+
+
+def check_record(rec: Any, required: tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` naming the first field of ``rec`` that is missing (of ``required``,
+    dotted paths such as ``"choice.config"``; every trial needs its ``config``) or has the wrong
+    type for the loaders (a config must also be a valid :class:`~auturi.Config`).
+
+    Example:
+        >>> check_record({"choice": {"config": {"envs_per_actor": 8}, "throughput": 5.0}})
+        >>> check_record({"choice": "nonsense"})
+        Traceback (most recent call last):
+        ...
+        ValueError: choice must be a JSON object, got str 'nonsense'
+    """
+    _check_fields(rec, _RECORD_FIELDS, "")
+    for dotted in required:
+        node: Any = rec
+        for i, key in enumerate(dotted.split(".")):
+            if key not in node:
+                where = ".".join(dotted.split(".")[:i])
+                raise ValueError(f"{dotted} is missing" + (f" ({where} has no {key!r})" if where else ""))
+            node = node[key]
+
+
+def _check_fields(obj: Any, fields: dict[str, str], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'the record'} must be a JSON object, got {_shown(obj)}")
+    for key, kind in fields.items():
+        if key in obj:
+            _check_value(obj[key], kind, f"{where}.{key}" if where else key)
+
+
+def _check_value(v: Any, kind: str, where: str) -> None:
+    if kind.endswith("?"):
+        if v is None:
+            return
+        kind = kind[:-1]
+    if kind in _OBJECTS:
+        _check_fields(v, _OBJECTS[kind], where)
+    elif kind == "trials" or kind == "nums":
+        if not isinstance(v, list):
+            raise ValueError(f"{where} must be a JSON list, got {_shown(v)}")
+        for i, x in enumerate(v):
+            if kind == "nums":
+                _check_value(x, "num", f"{where}[{i}]")
+            else:
+                _check_fields(x, _TRIAL_FIELDS, f"{where}[{i}]")
+                if "config" not in x:
+                    raise ValueError(f"{where}[{i}].config is missing (every trial names its config)")
+    elif kind == "config":
+        if not isinstance(v, dict):
+            raise ValueError(f"{where} must be a JSON object of knobs, got {_shown(v)}")
+        try:
+            Config.from_dict(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where} is not a valid config ({e})") from None
+    elif not _TYPE_CHECKS[kind](v):
+        raise ValueError(f"{where} must be {_TYPE_NAMES[kind]}, got {_shown(v)}")
+
+
+_TYPE_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict),
+}
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "num": "a number", "bool": "true or false",
+               "dict": "a JSON object"}
+
+
+def _shown(v: Any) -> str:
+    """A value's JSON kind and a short excerpt of it, for an error message."""
+    names = {dict: "object", list: "list", str: "str", bool: "bool", int: "int", float: "float", type(None): "null"}
+    r = repr(v)
+    return f"{names.get(type(v), type(v).__name__)} {r[:40] + '...' if len(r) > 43 else r}"
 
 
 def resolve_cache_dir(directory: str | os.PathLike | None = None) -> Path:
@@ -204,16 +315,25 @@ class ResultsCache:
         return self.directory / f"{fingerprint_key(hardware, workload)}.json"
 
     def load(self, hardware: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any] | None:
-        """The cached record, or None (also for an unreadable file, with a warning)."""
+        """The cached record, or None (also, with a warning naming the file and the problem,
+        for an unreadable file or an invalid record: see :func:`check_record`)."""
         p = self.path(hardware, workload)
         if not p.exists():
             return None
         try:
-            return load_record(p)
+            with open(p) as f:
+                rec = json.load(f)
         except (OSError, ValueError) as e:
             warnings.warn(f"ignoring unreadable Auturi cache file {p} ({e}); delete it to silence this",
                           stacklevel=2)
             return None
+        try:
+            check_record(rec, CACHE_REQUIRED)
+        except ValueError as e:
+            warnings.warn(f"ignoring invalid Auturi cache file {p} ({e}); delete it to silence this",
+                          stacklevel=2)
+            return None
+        return rec
 
     def store(self, record: dict[str, Any]) -> Path:
         """Save ``record`` (it must hold ``hardware`` and ``workload``) under its key."""
