@@ -124,14 +124,27 @@ def test_matches_env_runner_over_single_envpool_envs():
     assert_same_finals(finals, ref_finals)
 
 
-def test_public_api_path_gives_the_same_data():
+@pytest.mark.parametrize("source,act_dtype", [(SHORT, None), (EnvPoolSource("Pendulum-v1", max_episode_steps=7),
+                                                                   np.float64)], ids=["cartpole", "pendulum"])
+def test_public_api_path_gives_the_same_data(source, act_dtype):
     """The runner drives EnvPool's C++ ``_send``/``_recv`` directly when it can; the public
-    ``send``/``recv`` path (its fallback) must give the same data."""
+    ``send``/``recv`` path (its fallback) must give the same data. Actions of a dtype other
+    than EnvPool's (int64 for its int32 CartPole action, float64 for its float32 Pendulum
+    one, as a policy may emit) reach the C++ envs as EnvPool's own ``send`` casts them."""
     T, N, seed = 60, 5, 6
-    fast, fast_finals = collect(SHORT, N, T, seed)
-    arrays = make_arrays(SHORT, T, N)
-    runner = EnvPoolRunner(range(N), SHORT, seed)
-    assert runner._io.raw  # CartPole has the plain layout
+
+    def arrays_of():
+        a = make_arrays(source, T, N)
+        if act_dtype is not None:
+            a["actions"] = a["actions"].astype(act_dtype) * 1.3  # some beyond the bounds: cast, not clipped
+        return a
+
+    fast = arrays_of()
+    fast_finals = run_all(EnvPoolRunner(range(N), source, seed), fast)
+    arrays = arrays_of()
+    runner = EnvPoolRunner(range(N), source, seed)
+    assert runner._io.raw  # CartPole and Pendulum have the plain layout
+    assert fast["actions"].dtype != runner._io.act_dtype
     runner._io.raw = False
     slow_finals = run_all(runner, arrays)
     assert_same(arrays, fast)

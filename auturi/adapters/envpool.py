@@ -33,6 +33,11 @@ How EnvPool is driven (read from envpool 1.2.x ``core/async_envpool.h``, ``core/
 * For speed the round trip calls the C++ ``_send``/``_recv`` under EnvPool's Python
   ``send``/``recv`` when the task has the plain single-player layout (see :class:`_PoolIO`);
   otherwise, and as the reference, the public API.
+* Actions reach EnvPool as one batch: the rows of the rollout's action array (the policy's
+  dtype, what SB3 would hand a VecEnv) cast to the task's action dtype exactly as EnvPool's own
+  ``send`` casts them (``astype``; the direct path's ``np.ascontiguousarray(a, dtype)`` is the
+  same cast). :class:`EnvPoolEnv` takes one env's action as DummyVecEnv hands it (a numpy
+  scalar or array) and casts it the same way.
 * Seeding: each C++ env seeds itself ``env_seed[j]`` when the pool is made with a per-env
   seed list (``env_seed=[...]``; otherwise ``seed + j`` for pool index j). We pass the list
   ``[env_seed(seed, i, generation) for i in env_ids]``, so env i gets the same seed as
