@@ -331,50 +331,91 @@ def _fmt(x: Any, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
+NOTES = {
+    "converged": "both ends of its interval came within 5% of its median",
+    "slower": "stopped early: its interval lay wholly below the best config's",
+    "max_samples": "stopped at the most samples a trial takes",
+    "max_seconds": "stopped at --max-trial-seconds",
+    "budget": "stopped when the budget ran out",
+    "separated": "re-measure stopped: the fastest one's interval lay above all the others'",
+    "max_rounds": "re-measure ran its most rounds",
+    "confirm": "re-measured after the choice was made, with start and serial, in fixed interleaved rounds",
+}
+"""What each word of the table's note column means (the footer and --help print these)."""
+SOURCES = {
+    "start": "your --start layout (serial when not given)", "serial": "one actor, one env lane, one policy",
+    "cache": "the choice cached from an earlier run", "search": "proposed by the strategy",
+    "final": "re-measured interleaved to choose between close ones",
+    "confirm": "re-measured after the choice: the numbers printed below the table",
+}
+INTERVAL_HELP = ("steps/s is the median of the n samples (steps per second of one collect); interval is the "
+                 "distribution-free interval of the median with its exact confidence: the samples' range below 6 "
+                 "samples (75% at 3, 88% at 4, 94% at 5), >= 95% from 6; none below 3 samples")
+
+
+def notes_help() -> str:
+    """The note words, sources and interval, as the help text and the table footer say them."""
+    return ("Notes: " + "; ".join(f"{k}: {v}" for k, v in NOTES.items()) + ". Sources: "
+            + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()) + ". " + INTERVAL_HELP + ".")
+
+
+def trials_title(result: Any) -> str:
+    """The table's title: the same counts as the "why" line (:meth:`TuneResult.counts`)."""
+    k = result.counts()
+    space = f" of {k['space']}" if k.get("space") is not None else ""
+    return (f"Trials: {k['measured']} measured ({k['baselines']} baselines + {k['searched']} searched{space}), "
+            f"{k['decided']} re-measured to choose, {k['confirmed']} confirmed; * = the choice's row, whose "
+            f"numbers are printed below")
+
+
 def trials_table(result: Any, title: str | None = None) -> Table:
-    """The trials of a :class:`~auturi.tuner.TuneResult`, fastest first, as a rich table."""
-    rows = sorted(result.trials + result.final, key=lambda t: -t.score())
+    """The trials of a :class:`~auturi.tuner.TuneResult` as a rich table, in
+    :meth:`~auturi.tuner.TuneResult.rows` order (the starred row, whose numbers the choice
+    line prints, on top); the footer explains every note word and source it shows."""
+    rows = result.rows()
     has_pred = any(t.predicted is not None for t in rows)
-    table = Table(title=title, show_lines=False, header_style="bold", title_justify="left")
+    table = Table(title=title, show_lines=False, header_style="bold", title_justify="left",
+                  caption_justify="left")
     table.add_column("steps/s", justify="right")
-    table.add_column("+-", justify="right")
+    table.add_column("interval", justify="right")
     table.add_column("n", justify="right")
     if has_pred:
         table.add_column("predicted", justify="right")
     table.add_column("source")
     table.add_column("config", overflow="fold")
     table.add_column("note", overflow="fold")
-    choice = result.choice
-    marked = False
+    starred = result.choice_trial
     for t in rows:
         note = t.stop_reason or ""
         if not t.ok:
             note = f"{t.status}: {_one_line(t.error or '')}"
-        mark = ""
-        if t.ok and t.config == choice and not marked:
-            mark, marked = " *", True
-        cells = [_fmt(t.mean) if t.ok else t.status, _fmt(t.half_width) if t.ok else "", str(t.n)]
+        mark = " *" if t is starred else ""
+        cells = [_fmt(t.estimate) if t.ok else t.status, t.interval_text() if t.ok else "", str(t.n)]
         if has_pred:
             cells.append(_fmt(t.predicted))
         cells += [t.source, f"{t.config}{mark}", note]
         table.add_row(*cells, style="bold green" if mark else None)
+    words = [w for w in NOTES if any(t.stop_reason == w for t in rows)]
+    sources = [s for s in SOURCES if any(t.source == s for t in rows)]
+    table.caption = "; ".join([f"{w}: {NOTES[w]}" for w in words] + [f"{s}: {SOURCES[s]}" for s in sources]
+                              + [INTERVAL_HELP])
     return table
 
 
 def print_result(console: Console, result: Any, saved: Path | None = None) -> None:
-    console.print(trials_table(result, title=f"Trials ({len(result.trials)} searched, {len(result.final)} "
-                                            f"re-measured; * = choice)"))
+    console.print(trials_table(result, title=trials_title(result)))
     sp_start, sp_serial = result.speedup("start"), result.speedup("serial")
-    tp = result.throughput
     ct = result.choice_trial
-    hw = f" +- {_fmt(ct.half_width)}" if ct is not None and math.isfinite(ct.half_width) else ""
+    iv = ct.interval_text() if ct is not None else ""
+    head = f"  {_fmt(result.throughput)} steps/s" + (f", interval {iv}" if iv else "") + \
+        (f", median of {ct.n} ({ct.source})" if ct is not None else "")
     console.print(f"[bold]Choice:[/bold] {result.choice}")
-    console.print(f"  {_fmt(tp)}{hw} steps/s; {sp_serial:.2f}x serial" if math.isfinite(sp_serial)
-                  else f"  {_fmt(tp)}{hw} steps/s", highlight=False)
+    console.print(head + (f"; {sp_serial:.2f}x serial" if math.isfinite(sp_serial) else ""), highlight=False,
+                  markup=False, soft_wrap=True)
     if math.isfinite(sp_start) and result.start != type(result.choice).serial(result.choice.num_envs):
-        console.print(f"  {sp_start:.2f}x the start config ({result.start})")
+        console.print(f"  {sp_start:.2f}x the start config ({result.start})", markup=False, soft_wrap=True)
     if result.reason:
-        console.print(f"  why: {result.reason}", soft_wrap=True)
+        console.print(f"  why: {result.reason}", soft_wrap=True, markup=False)
     console.print(config_line(result.choice), soft_wrap=True, markup=False)
     if saved is not None:
         console.print(f"Saved: {saved}  (auturi show {saved})", soft_wrap=True, markup=False)
@@ -448,7 +489,7 @@ def _make_progress(console: Console) -> Any:
 Opt = typer.Option
 
 
-@app.command()
+@app.command(epilog=notes_help())
 def tune(
     env: Annotated[str, typer.Argument(help="A gymnasium id (CartPole-v1), an EnvPool id (envpool:Pong-v5), or "
                                             "module:factory (a callable returning a gymnasium.Env).")],
@@ -585,6 +626,14 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
         if not is_loopback(status_host) and not status_token:
             _fail(f"--status-host {status_host} is not loopback: pass --status-token TOKEN (or set "
                   f"AUTURI_STATUS_TOKEN) so only you can read it, or leave --status-host at 127.0.0.1")
+    forks = backend == "shm" and os.environ.get("AUTURI_START_METHOD", "forkserver") == "forkserver"
+    early_torch = not (policy.strip().lower().endswith(".zip") or os.sep in policy)  # built-ins: torch, no extras
+    if forks:
+        # The workers' forkservers import gymnasium and torch on the other core while this
+        # process imports its own, probes the env and builds the policy (start-up, not tuning).
+        from auturi.executor.shm.forkservers import start_servers
+
+        start_servers(torch=early_torch)
     start_config = _parse_start(start, num_envs) if start is not None else None
     env_obj = resolve_env_spec(env)
     dev_list = _parse_devices(devices)
@@ -635,6 +684,11 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                     server = None
                     _fail(_one_line(str(e)))
                 err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
+            if forks:  # no forkserver import may share the cores with the first measurement
+                from auturi.executor.shm.forkservers import wait_ready
+
+                wait_ready(torch=early_torch)
+            tuner.startup_seconds = _process_seconds()
             if progress is not None:
                 progress.start()
             try:
@@ -672,6 +726,17 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
     finally:
         if server is not None:
             server.stop()
+
+
+def _process_seconds() -> float | None:
+    """Seconds since this process started (Linux; None elsewhere): the start-up cost."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(after_name[19])  # field 22, starttime, in clock ticks since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _show(path: Path, json_out: bool) -> None:

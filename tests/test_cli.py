@@ -86,6 +86,55 @@ def test_tune_writes_the_json_record(tuned):
     assert rec["strategy"]["name"] == "model"
 
 
+def table_rows(text: str) -> list[list[str]]:
+    """The body rows of the printed trials table, as stripped cells."""
+    return [[c.strip() for c in ln.strip().strip("│").split("│")] for ln in text.splitlines()
+            if ln.startswith("│") and "actors=" in ln]
+
+
+def test_the_starred_row_is_what_the_choice_line_prints_and_counts_agree(tuned):
+    proc, out, _, _ = tuned
+    text, rec = proc.stdout, json.loads(out.read_text())
+    rows = table_rows(text)
+    starred = [r for r in rows if r[-2].endswith(" *")]
+    assert len(starred) == 1 and starred[0] is rows[0], text  # one star, on the top row
+    assert starred[0][-3] == "confirm" == rec["choice"]["source"]  # measured after the choice was made
+    steps, interval, n = starred[0][0], starred[0][1], int(starred[0][2])
+    choice_line = text.split("Choice:")[1].splitlines()[1]
+    assert choice_line.strip().startswith(f"{steps} steps/s, interval {interval}, median of {n}"), choice_line
+    assert n >= 3 and interval  # an interval, and at least 3 samples behind it
+    assert f"{rec['choice']['speedup_vs_serial']:.2f}x serial" in choice_line
+    for r in rows:  # no interval printed from fewer than 3 samples
+        assert (r[1] != "") == (int(r[2]) >= 3), r
+    # The title and the "why" line give the same counts.
+    title = re.search(r"Trials: (\d+) measured \((\d+) baselines \+ (\d+) searched", text)
+    why = re.search(r"why: (\d+) configs measured \((\d+) baselines \+ (\d+) of", text)
+    assert title and why and title.groups() == why.groups(), text
+    assert int(title.group(1)) == len(rec["trials"]) == rec["counts"]["measured"]
+
+
+def test_every_note_word_is_explained(tuned, tmp_path):
+    from auturi.cli import NOTES, SOURCES
+
+    proc, _, _, _ = tuned
+    rows = table_rows(proc.stdout)
+    footer = proc.stdout.split("└")[-1].split("Choice:")[0]
+    for r in rows:
+        if r[-1]:
+            assert f"{r[-1]}: " in " ".join(footer.split()), (r[-1], footer)
+        assert f"{r[-3]}: " in " ".join(footer.split()), (r[-3], footer)
+    helptext = " ".join(cli("tune", "--help", tmp=tmp_path).stdout.replace("│", " ").split())
+    for word in list(NOTES) + list(SOURCES):
+        assert f"{word}: " in helptext, word
+
+
+def test_the_record_reports_start_up_apart(tuned):
+    _, out, _, _ = tuned
+    st = json.loads(out.read_text())["startup"]
+    assert st["before_tune_seconds"] > 0 and st["tune_setup_seconds"] >= 0
+    assert st["to_first_measurement_seconds"] == pytest.approx(st["before_tune_seconds"] + st["tune_setup_seconds"])
+
+
 def test_show_prints_the_table_and_the_config_line(tuned):
     _, out, _, tmp = tuned
     proc = cli("show", str(out), tmp=tmp)

@@ -230,11 +230,14 @@ class TuneResult:
         return cls.from_record(load_record(path))
 
     def rows(self) -> list[Trial]:
-        """Every trial, fastest first (the tables' order)."""
-        return sorted(self.trials + self.final, key=lambda t: -t.score())
+        """Every trial in the tables' order: the confirm rounds first (the numbers printed for
+        the choice and its speed-ups, so the starred row is the top one), then the re-measure
+        that chose, then the search; fastest first within each."""
+        stage = {"confirm": 0, "final": 1}
+        return sorted(self.trials + self.final, key=lambda t: (stage.get(t.source, 2), -t.score()))
 
     def table(self) -> str:
-        """The trials as a plain-text table, fastest first; ``*`` marks the row whose
+        """The trials as a plain-text table (:meth:`rows` order); ``*`` marks the row whose
         numbers are printed for the choice."""
         ct = self.choice_trial
         out = [f"{'steps/s':>12} {'interval':>24} {'n':>3} {'source':>7}  config"]
@@ -479,6 +482,9 @@ class Tuner(_Session):
             raise ValueError(f"confirm_rounds must be >= 0 (0: off), got {confirm_rounds}")
         self.confirm_rounds = confirm_rounds
         self.setup_seconds = 0.0  # from tune() to its first measurement
+        self.startup_seconds: float | None = None
+        """Seconds the caller spent before :meth:`tune` (``auturi tune`` sets it: process start
+        to the call); recorded apart from the tuning's own seconds."""
         if top_k > 0 and final_rounds[1] > 0:
             self.search_budget_share = 1.0 - FINAL_SHARE
         self.confirm_tolerance = confirm_tolerance
@@ -559,7 +565,7 @@ class Tuner(_Session):
                     "confirm_rounds": plan[0], "confirm_samples_per_round": plan[1]},
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None,
-            setup_seconds=self.setup_seconds)
+            setup_seconds=self.setup_seconds, startup_seconds=self.startup_seconds)
         result.reason = self._reason(result, confirmed, note)
         if self.cache is not None:
             self.cache.store(result.to_record())
@@ -585,6 +591,8 @@ class Tuner(_Session):
         self.current = None
         for t in trials:
             t.started = began
+            if source == "confirm" and t.ok:
+                t.stop_reason = "confirm"  # a fixed number of rounds, whatever the intervals did
         self.final += trials
         return trials
 

@@ -10,12 +10,20 @@ multiprocessing has one forkserver per process, reached through the module-level
 ``forkserver.connect_to_new_process``. We reuse the stdlib's own ``ForkServer`` class and
 ``Popen._launch`` unchanged, only pointing the latter's ``forkserver`` global at our
 instance, so nothing of the stdlib is copied here.
+
+Start-up (:func:`start_servers`, :func:`wait_ready`): a caller that knows it will start
+workers (``auturi tune``) starts both servers first thing, so their imports (gymnasium,
+torch: seconds of a core) run on another core while the caller imports its own, probes the
+env and builds the policy; before its first measurement it waits until both are serving,
+so their imports never share the cores with a measured collect.
 """
 from __future__ import annotations
 
+import multiprocessing as _mp
 import multiprocessing.forkserver as _fs
 import multiprocessing.popen_forkserver as _pf
 import threading
+import time
 import types
 from multiprocessing.context import ForkServerProcess
 from typing import Any
@@ -86,3 +94,40 @@ class TorchProcess(ForkServerProcess):
             return _TorchPopen(process_obj)  # _launch runs now, in this thread
         finally:
             _target.server = None
+
+
+ENV_PRELOAD = ["auturi.executor.shm.preload"]
+"""What the standard forkserver (env workers) preloads: the ``shm`` backend sets the same."""
+
+
+def _noop() -> None:
+    """The process :func:`wait_ready` starts: a server forks it only once its imports are done."""
+
+
+def start_servers(torch: bool = True, extra: tuple[str, ...] = ()) -> None:
+    """Start the env forkserver and, with ``torch``, the torch one preloading ``extra``;
+    both import in the background. Only under the ``forkserver`` start method."""
+    ctx = _mp.get_context("forkserver")
+    ctx.set_forkserver_preload(ENV_PRELOAD)
+    _fs.ensure_running()
+    if torch:
+        start_torch_server(extra)
+
+
+def wait_ready(torch: bool = True, extra: tuple[str, ...] = ()) -> float:
+    """Block until the servers :func:`start_servers` started have finished their imports
+    (a server answers a fork request only then): one no-op process is forked from each and
+    joined. Returns the seconds waited."""
+    from auturi.executor.shm import _start_without_main  # the child need not import __main__
+
+    t0 = time.perf_counter()
+    procs: list[Any] = [_mp.get_context("forkserver").Process(target=_noop, daemon=True)]
+    if torch:
+        tp = TorchProcess(target=_noop, daemon=True)
+        tp.preload = extra  # type: ignore[attr-defined]
+        procs.append(tp)
+    for p in procs:
+        _start_without_main(p)
+    for p in procs:
+        p.join()
+    return time.perf_counter() - t0
