@@ -21,7 +21,8 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from auturi import Config
 from auturi.adapters.sb3 import unwrap_sb3, wrap_sb3
-from tests.test_sb3_wrap import BUFFER_KEYS, assert_same_buffer, force_deterministic, learn_snapshots
+from tests.test_sb3_wrap import (  # noqa: F401 - one_thread is a fixture
+    BUFFER_KEYS, assert_same_buffer, force_deterministic, learn_snapshots, one_thread)
 
 pytestmark = pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")
 
@@ -29,15 +30,6 @@ N, STEPS = 4, 16
 CONFIGS = {"serial": Config.serial(N),
            "hybrid": Config(num_actors=1, envs_per_actor=N, env_parallel_degree=2),
            "two-actors": Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)}
-
-
-@pytest.fixture
-def one_thread():
-    """Torch on one thread: the box has 2 cores and workers share them."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def run(action: str, config: Config | None):
