@@ -12,11 +12,16 @@ Per run it records what learning gives, none of it a timing:
   previous one ending (a reconfigure recreated the env mid-episode; plain SB3 has none);
 - ``reconfigures`` and the tuner's final phase and layout (the wrapped run).
 
+``--control`` adds a third run per seed, ``sb3_cut``: plain SB3 whose envs all restart
+(``VecEnv.reset``, fresh seeds) before the very rollouts where the paired wrapped run had
+its episodes cut. It tells whether a gap comes from the cuts themselves (then ``sb3_cut``
+shows it too) or from anything else the wrapped path does differently.
+
 Per task the table gives each side's mean and standard deviation over seeds and the paired
 difference (auturi - sb3) with its standard error; ``|diff| > 2 SE`` is marked as beyond
 seed noise. Wall seconds are printed but mean little on a shared machine.
 
-Run: python -m bench.parity [--quick] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
+Run: python -m bench.parity [--quick] [--control] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
 Writes bench/results/parity[_quick].json and .md (``--out DIR`` elsewhere).
 """
 from __future__ import annotations
@@ -42,21 +47,26 @@ TASKS: dict[str, dict[str, Any]] = {
     "Acrobot-v1": {"n_envs": 8, "normalize": True, "steps": 50_000, "quick_steps": 8_000,
                    "ppo": {"n_steps": 256, "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0}},
 }
-KINDS = ("sb3", "auturi")
+KINDS = ("auturi", "sb3")  # the wrapped run first: sb3_cut replays its cuts
+METRICS = ("final_return", "eval_return", "episodes", "cut")
 
 
 def _episode_log_class() -> type:
     from stable_baselines3.common.callbacks import BaseCallback
 
     class EpisodeLog(BaseCallback):
-        """Every episode the Monitor logs (its return), the cut episodes, and the layout of
-        every rollout of a wrapped model."""
+        """Every episode the Monitor logs (its return), the cut episodes and the rollouts
+        they were cut before, and the layout of every rollout of a wrapped model. With
+        ``restart_before``, restarts every env before those rollouts (plain SB3 with the
+        cuts of a wrapped run)."""
 
-        def __init__(self) -> None:
+        def __init__(self, restart_before: tuple[int, ...] = (), seed: int = 0) -> None:
             super().__init__()
             self.returns: list[float] = []
             self.cut = 0
+            self.cut_rollouts: list[int] = []
             self.layouts: list[str] = []
+            self.restart_before, self.seed = set(restart_before), seed
             self._dones: Any = None  # the last step's dones of the previous rollout
 
         def _on_step(self) -> bool:
@@ -68,11 +78,28 @@ def _episode_log_class() -> type:
         def _on_rollout_end(self) -> None:
             starts = self.model.rollout_buffer.episode_starts[0].astype(bool)
             if self._dones is not None:
-                self.cut += int((starts & ~self._dones.astype(bool)).sum())
+                cut = int((starts & ~self._dones.astype(bool)).sum())
+                self.cut += cut
+                if cut:
+                    self.cut_rollouts.append(len(self.layouts))
             self._dones = self.locals["dones"].copy()
             h = vars(self.model).get("auturi")
-            if h is not None:
-                self.layouts.append(str(h.config))
+            self.layouts.append(str(h.config) if h is not None else "")
+            if len(self.layouts) in self.restart_before:
+                self._restart()
+
+        def _restart(self) -> None:
+            from stable_baselines3.common.vec_env import VecNormalize
+
+            env = self.model.env
+            base = env.venv if isinstance(env, VecNormalize) else env
+            base.seed(10**6 * (1 + self.seed) + 1000 * len(self.layouts))  # fresh seeds, as a recreated env gets
+            self.model._last_obs = env.reset()
+            self.model._last_episode_starts = np.ones(env.num_envs, dtype=bool)
+            if isinstance(env, VecNormalize):
+                self.model._last_original_obs = env.get_original_obs()
+
+    import numpy as np
 
     return EpisodeLog
 
@@ -111,8 +138,9 @@ def evaluate(model: Any, task: str, seed: int, episodes: int = 8) -> float:
     return float(np.mean(rets))
 
 
-def run(task: str, seed: int, kind: str, steps: int, last: int) -> dict[str, Any]:
-    """One ``learn`` of ``steps`` steps: ``kind`` ``sb3`` (plain) or ``auturi``
+def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: tuple[int, ...] = ()) -> dict[str, Any]:
+    """One ``learn`` of ``steps`` steps: ``kind`` ``sb3`` (plain), ``sb3_cut`` (plain, every
+    env restarted before the rollouts ``restart_before``) or ``auturi``
     (``auturi.wrap(model)``, online tuning, a fresh cache directory)."""
     import numpy as np
     import torch
@@ -121,7 +149,7 @@ def run(task: str, seed: int, kind: str, steps: int, last: int) -> dict[str, Any
 
     torch.set_num_threads(1)
     model = _make_model(task, seed)
-    log = _episode_log_class()()
+    log = _episode_log_class()(restart_before if kind == "sb3_cut" else (), seed)
     out: dict[str, Any] = {"task": task, "seed": seed, "kind": kind}
     with tempfile.TemporaryDirectory(prefix="auturi-parity-cache-") as cache:
         if kind == "auturi":
@@ -141,6 +169,7 @@ def run(task: str, seed: int, kind: str, steps: int, last: int) -> dict[str, Any
     out["timesteps"] = int(model.num_timesteps)
     out["episodes"] = len(log.returns)
     out["cut"] = log.cut
+    out["cut_rollouts"] = log.cut_rollouts
     out["reconfigures"] = sum(a != b for a, b in zip(log.layouts, log.layouts[1:]))
     out["final_return"] = float(np.mean(log.returns[-last:])) if log.returns else float("nan")
     out["eval_return"] = evaluate(model, task, seed)
@@ -151,55 +180,82 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def summarize_task(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per metric: each side's mean and SD over seeds and the paired difference (auturi -
-    sb3) with its standard error; ``beyond_noise`` when |diff| > 2 SE (and SE > 0).
+def paired(runs: list[dict[str, Any]], metric: str, kind: str, versus: str) -> dict[str, Any] | None:
+    """``metric`` of ``kind`` against ``versus`` over the seeds both ran: each side's mean
+    and SD, the mean paired difference (kind - versus) with its standard error, and
+    ``beyond_noise`` when |diff| > 2 SE.
 
-    >>> rs = [{"seed": s, "kind": k, "final_return": v, "eval_return": v, "episodes": 10, "cut": 0}
-    ...       for s, (a, b) in enumerate([(1.0, 1.0), (2.0, 2.5)]) for k, v in (("sb3", a), ("auturi", b))]
-    >>> summarize_task(rs)["final_return"]["diff"]
-    0.25
+    >>> rs = [{"seed": s, "kind": k, "r": v} for s, (a, b) in enumerate([(1.0, 1.0), (2.0, 2.5)])
+    ...       for k, v in (("sb3", a), ("auturi", b))]
+    >>> p = paired(rs, "r", "auturi", "sb3")
+    >>> p["diff"], p["se"], p["beyond_noise"]
+    (0.25, 0.25, False)
     """
     by = {(r["seed"], r["kind"]): r for r in runs}
-    seeds = sorted({r["seed"] for r in runs if (r["seed"], "sb3") in by and (r["seed"], "auturi") in by})
-    out: dict[str, Any] = {"seeds": seeds}
-    for metric in ("final_return", "eval_return", "episodes", "cut"):
-        a = [float(by[s, "sb3"][metric]) for s in seeds]
-        b = [float(by[s, "auturi"][metric]) for s in seeds]
-        d = [y - x for x, y in zip(a, b)]
-        dm, dsd = _mean_sd(d)
-        se = dsd / math.sqrt(len(d)) if len(d) > 1 else float("nan")
-        out[metric] = {"sb3": _mean_sd(a), "auturi": _mean_sd(b), "diff": dm, "se": se,
-                       "beyond_noise": bool(se > 0 and abs(dm) > 2 * se) or bool(se == 0 and dm != 0)}
+    seeds = sorted({s for s, k in by if k == kind and (s, versus) in by})
+    if not seeds:
+        return None
+    a = [float(by[s, versus][metric]) for s in seeds]
+    b = [float(by[s, kind][metric]) for s in seeds]
+    dm, dsd = _mean_sd([y - x for x, y in zip(a, b)])
+    se = dsd / math.sqrt(len(seeds)) if len(seeds) > 1 else float("nan")
+    return {"seeds": seeds, versus: _mean_sd(a), kind: _mean_sd(b), "diff": dm, "se": se,
+            "beyond_noise": bool(se > 0 and abs(dm) > 2 * se) or bool(se == 0 and dm != 0)}
+
+
+def summarize_task(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric: auturi against sb3, and, with the control, against sb3_cut."""
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        out[metric] = paired(runs, metric, "auturi", "sb3")
+        control = paired(runs, metric, "auturi", "sb3_cut")
+        if control is not None:
+            out[metric]["sb3_cut"] = control["sb3_cut"]
+            out[metric]["vs_sb3_cut"] = {k: control[k] for k in ("diff", "se", "beyond_noise")}
     return out
 
 
+def _pm(x: tuple[float, float]) -> str:
+    return f"{x[0]:.1f} ± {x[1]:.1f}"
+
+
+def _diff(d: dict[str, Any]) -> str:
+    return f"{d['diff']:+.1f} ± {d['se']:.1f}{' **beyond noise**' if d['beyond_noise'] else ''}"
+
+
 def markdown(res: dict[str, Any]) -> str:
-    lines = [f"# Learning parity: plain SB3 vs auturi.wrap(model) (online tuning)", "",
-             f"`{res['command']}`  ", f"{res['machine']}", "",
-             "| task | steps | metric | SB3 mean ± sd | auturi mean ± sd | diff (auturi-SB3) ± SE | beyond noise |",
-             "|---|---:|---|---:|---:|---:|:---:|"]
+    control = any(r["kind"] == "sb3_cut" for r in res["runs"])
+    head = "| task | steps | metric | SB3 | auturi | auturi - SB3 ± SE |"
+    rule = "|---|---:|---|---:|---:|---:|"
+    if control:
+        head += " SB3 with auturi's cuts | auturi - that ± SE |"
+        rule += "---:|---:|"
+    lines = ["# Learning parity: plain SB3 vs auturi.wrap(model) (online tuning)", "",
+             f"`{res['command']}`  ", f"{res['machine']}; {res['seconds'] / 60:.1f} min", "",
+             "Mean ± SD over seeds; differences paired by seed, ± their standard error.", "", head, rule]
     for task, s in res["summary"].items():
-        for metric in ("final_return", "eval_return", "episodes", "cut"):
+        for metric in METRICS:
             m = s[metric]
-            lines.append(f"| {task} | {res['steps'][task]} | {metric} | {m['sb3'][0]:.1f} ± {m['sb3'][1]:.1f} | "
-                         f"{m['auturi'][0]:.1f} ± {m['auturi'][1]:.1f} | {m['diff']:+.1f} ± {m['se']:.1f} | "
-                         f"{'**yes**' if m['beyond_noise'] else 'no'} |")
+            row = f"| {task} | {res['steps'][task]} | {metric} | {_pm(m['sb3'])} | {_pm(m['auturi'])} | {_diff(m)} |"
+            if control:
+                row += f" {_pm(m['sb3_cut'])} | {_diff(m['vs_sb3_cut'])} |"
+            lines.append(row)
     lines += ["", "Per run:", "", "| task | seed | kind | final_return | eval_return | episodes | cut | reconfigures | "
               "tuner | seconds |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in res["runs"]:
         tuner = f"{r.get('tuner_phase')}, {r.get('trials')} trials" if r["kind"] == "auturi" else ""
         lines.append(f"| {r['task']} | {r['seed']} | {r['kind']} | {r['final_return']:.1f} | {r['eval_return']:.1f} | "
-                     f"{r['episodes']} | {r['cut']} | {r.get('reconfigures', 0)} | {tuner} | {r['seconds']:.1f} |")
+                     f"{r['episodes']} | {r['cut']} | {r['reconfigures']} | {tuner} | {r['seconds']:.1f} |")
     lines += ["", f"final_return: mean of the last {res['last']} logged episodes; eval_return: the final stochastic "
               f"policy, 8 fresh episodes; cut: episodes restarted without ending (a reconfigure recreated the env); "
-              f"beyond noise: |diff| > 2 SE of the paired differences over seeds.", ""]
+              f"beyond noise: |diff| > 2 SE.", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 seeds, short runs (< 3 min)")
+    ap.add_argument("--control", action="store_true", help="also plain SB3 with the wrapped run's cuts (sb3_cut)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5, --quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="learn steps for every task (default: per task)")
@@ -216,12 +272,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "runs": []}
     print(res["machine"], flush=True)
     t0 = time.perf_counter()
+    kinds = KINDS + (("sb3_cut",) if args.control else ())
     for task in args.tasks:
         for seed in range(seeds):
-            for kind in KINDS:  # alternated: a drift of the machine hits both alike
-                r = run(task, seed, kind, steps[task], args.last)
+            cuts: tuple[int, ...] = ()
+            for kind in kinds:  # alternated: a drift of the machine hits every kind alike
+                r = run(task, seed, kind, steps[task], args.last, restart_before=cuts)
+                cuts = tuple(r["cut_rollouts"]) if kind == "auturi" else cuts
                 res["runs"].append(r)
-                print(f"{task} seed {seed} {kind:6s}: final {r['final_return']:7.1f}  eval {r['eval_return']:7.1f}  "
+                print(f"{task} seed {seed} {kind:7s}: final {r['final_return']:7.1f}  eval {r['eval_return']:7.1f}  "
                       f"episodes {r['episodes']:4d}  cut {r['cut']:3d}  reconfigures {r['reconfigures']:2d}  "
                       f"{r['seconds']:5.1f}s {r.get('final_layout', '')} {r.get('tuner_phase') or ''}", flush=True)
     res["seconds"] = time.perf_counter() - t0

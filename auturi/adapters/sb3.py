@@ -518,6 +518,8 @@ def _factories_from_vecenv(venv: Any) -> list[EnvFactory]:
         # The envs live in SubprocVecEnv's own processes: rebuild from their gymnasium spec.
         specs = venv.get_attr("spec")
         monitored = venv.env_is_wrapped(_sb3_monitor_class())
+        mon_ids = [i for i, m in enumerate(monitored) if m]
+        t_starts = dict(zip(mon_ids, venv.get_attr("t_start", indices=mon_ids))) if mon_ids else {}
         out = []
         for i, (spec, mon) in enumerate(zip(specs, monitored)):
             if spec is None or spec.id not in gym.registry:
@@ -533,7 +535,8 @@ def _factories_from_vecenv(venv: Any) -> list[EnvFactory]:
             import dataclasses
 
             base_spec = dataclasses.replace(spec, additional_wrappers=tuple(extra))
-            out.append(EnvFactory(("make", base_spec), [("monitor", ())] if mon else [], name=spec.id))
+            layers = [("monitor", (), float(t_starts[i]))] if mon else []
+            out.append(EnvFactory(("make", base_spec), layers, name=spec.id))
         return out
     raise EnvRebuildError(f"the model's VecEnv is a {type(venv).__name__}; auturi.wrap can rebuild the envs of a "
                           f"DummyVecEnv or SubprocVecEnv only; {_ENV_FN_HINT}")
@@ -809,15 +812,13 @@ def _restart_cut_episodes(model: Any, h: SB3Handle, starts: np.ndarray, raw_obs:
     statistics), and the count of cut episodes (``auturi/cut_episodes``): they end in no
     Monitor record, so the episodes logged fall short of plain SB3's by this number."""
     cut = np.asarray(starts, dtype=bool) & ~np.asarray(model._last_episode_starts, dtype=bool)
-    if not cut.any():
-        return
     h.cut_episodes += int(cut.sum())
+    model.logger.record("auturi/cut_episodes", h.cut_episodes)
     vn = h.vecnorm
-    if vn is not None:
+    if vn is not None and cut.any():
         vn.returns[cut] = 0
         if vn.training and vn.norm_obs:
             vn.obs_rms.update(raw_obs[cut])
-    model.logger.record("auturi/cut_episodes", h.cut_episodes)
 
 
 # ================================================================================== wrap
