@@ -455,7 +455,8 @@ def test_online_tuner_logs_choice(one_thread, tmp_path, monkeypatch):
 # each running episode is cut and a new one starts. Plain SB3's equivalent: reset every env
 # between two rollouts with the seeds the executor gives recreated envs. Both must fill the
 # same buffers and keep the same statistics.
-CUT_LAYOUTS = [Config.serial(2), Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2)]
+CUT_LAYOUTS = [Config.serial(2), Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2),
+               Config(num_actors=2, envs_per_actor=1)]  # the policy in the actor processes
 
 
 class SwitchLayout(BaseCallback):
@@ -514,10 +515,11 @@ def test_reconfigure_cut_equals_sb3_restart(tmp_path, one_thread):
     """Layouts switched after every rollout (each switch recreates the envs and cuts their
     episodes) against plain SB3 restarting its envs at the same points, both acting
     deterministically: same buffers (the cut episodes bootstrapped from V(last obs) in
-    GAE, new ones starting with episode_starts), the same episodes logged, VecNormalize's
+    GAE, new ones starting with episode_starts; values and log-probs from the current
+    weights in every layout), the same episodes logged, VecNormalize's
     reward statistics as SB3 restarting an episode leaves them, and every episode in the
     Monitor files (a re-created Monitor used to empty its file at each reconfigure)."""
-    seed, n_steps, rollouts = 5, 24, 4
+    seed, n_steps, rollouts = 5, 24, 5  # serial, degree 2, two actors, serial, degree 2
 
     def run(wrap):
         mon = tmp_path / ("wrapped" if wrap else "plain")
@@ -548,6 +550,7 @@ def test_reconfigure_cut_equals_sb3_restart(tmp_path, one_thread):
     starts = np.stack([b["episode_starts"][0] for b in ref[1:]])
     assert starts.all()  # every rollout after the first starts new episodes
     assert_same_buffer(ref, got, exact_floats=False)
+    assert_acted_on_stored(got)  # each layout acted with the weights of that rollout
     assert got_eps == ref_eps and len(got_eps) > 0
     np.testing.assert_allclose(got_rms.mean, ref_rms.mean, rtol=1e-6)
     np.testing.assert_allclose(got_rms.var, ref_rms.var, rtol=1e-6)
