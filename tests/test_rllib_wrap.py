@@ -31,7 +31,10 @@ def ray_instance():
         gym.register(PROBE_ID, entry_point="tests.helpers:TorchProbeEnv")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # address="local": a Ray instance of its own, not one another process on this machine
+        # started (ray.init would join that one and refuse num_cpus).
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
     yield
     if started:
         ray.shutdown()
@@ -181,6 +184,150 @@ def _train(wrap: bool, seed: int, iters: int) -> list[float]:
         return [algo.train()["env_runners"].get("episode_return_mean", np.nan) for _ in range(iters)]
     finally:
         algo.stop()
+
+
+def _fixed_module_spec():
+    """An RLModule whose action is a fixed function of the observation (probability 1), so
+    RLlib's torch sampling and Auturi's noise pick the same actions."""
+    import torch
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.core.rl_module.torch.torch_rl_module import TorchRLModule
+
+    class FixedActionModule(TorchRLModule):
+        def setup(self):
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # a state_dict for the replicas
+
+        def _forward(self, batch, **kwargs):
+            obs = batch["obs"]
+            n = self.action_space.n
+            choice = torch.floor(obs[:, 0] * 0.37).long() % n
+            logits = torch.full((obs.shape[0], n), -1e9)
+            logits[torch.arange(obs.shape[0]), choice] = 0.0
+            return {"action_dist_inputs": logits}
+
+    return RLModuleSpec(module_class=FixedActionModule)
+
+
+def _fixed_action_runners(num_envs, fragment=8):
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    from auturi.adapters.rllib import AuturiEnvRunner
+
+    def cfg():
+        return (ppo_config(PROBE_ID, num_envs=num_envs, batch=fragment * num_envs, seed=3)
+                .environment(env_config={"max_len": 20}).env_runners(episode_lookback_horizon=2)
+                .rl_module(rl_module_spec=_fixed_module_spec()))
+
+    stock = SingleAgentEnvRunner(config=cfg())
+    try:
+        ours = AuturiEnvRunner(config=auturi.wrap(cfg(), config=Config.serial(num_envs), backend="serial"))
+    except BaseException:
+        stock.stop()
+        raise
+    return stock, ours
+
+
+def _chunk(ep):
+    """One returned chunk, lookback included, as plain arrays."""
+    emo = ep.extra_model_outputs
+    return {"id": ep.id_, "t_started": ep.t_started, "len": len(ep), "terminated": ep.is_terminated,
+            "truncated": ep.is_truncated, "lookback": ep.observations.lookback,
+            "obs": np.array(ep.observations.data), "actions": np.array(ep.actions.data),
+            "rewards": np.array(ep.rewards.data), "logp": np.array(emo["action_logp"].data),
+            "dist": np.array(emo["action_dist_inputs"].data)}
+
+
+def _as_learner_gets(episodes, remote):
+    """What PPO's learner connector does first to the sampled episodes, in place: a bootstrap
+    timestep appended, ``is_truncated`` on every chunk that does not end its episode. A remote
+    EnvRunner's episodes reach the learner as copies; the local one's (all auturi.wrap uses) as
+    they are."""
+    import copy
+
+    from ray.rllib.connectors.learner import AddOneTsToEpisodesAndTruncate
+
+    if remote:
+        episodes = copy.deepcopy(episodes)
+    AddOneTsToEpisodesAndTruncate()(rl_module=None, batch={}, episodes=episodes, shared_data={})
+    return [(len(e), bool(e.is_truncated), bool(e.is_terminated), np.array(e.get_observations(-1))) for e in episodes]
+
+
+def _run_calls(runner, calls, remote):
+    """``calls`` sample() calls, each followed by what the learner does to the episodes and by
+    ``get_metrics``: (chunks per call, learner's view per call, (len_mean, return_mean) per call)."""
+    chunks, learner, metrics = [], [], []
+    for _ in range(calls):
+        eps = runner.sample()
+        chunks.append([_chunk(e) for e in eps])
+        m = runner.get_metrics()
+        pair = (m["episode_len_mean"].peek(), m["episode_return_mean"].peek()) if "episode_len_mean" in m else None
+        metrics.append(None if pair is None or np.isnan(pair[0]) else pair)
+        learner.append(_as_learner_gets(eps, remote))
+    return chunks, learner, metrics
+
+
+def _true_episode_stats(chunks):
+    """(length, return) of each episode that ended, from its chunks, in the order they ended."""
+    total: dict[str, list] = {}
+    ended = []
+    for call in chunks:
+        for c in call:
+            tot = total.setdefault(c["id"], [0, 0.0])
+            tot[0] += c["len"]
+            tot[1] += float(np.sum(c["rewards"][c["lookback"]:]))
+            if c["terminated"] or c["truncated"]:
+                ended.append(tuple(tot))
+    return ended
+
+
+def test_episodes_and_metrics_match_rllibs_runner_chunk_by_chunk():
+    """One env, 8 steps per sample() call, 12 calls, episodes of 3-20 steps: RLlib's runner
+    and Auturi's cut the same chunks (gymnasium's extra reset step does not count as a
+    timestep), so with the same seed and a module whose actions have probability 1 every
+    chunk is equal, lookback included: observations, actions, rewards, flags, lengths,
+    t_started, log-probs, distribution inputs, and the same episode continues under one id.
+    After each call the learner connector runs on the episodes (as PPO's learner does: a copy
+    for RLlib's remote runners, the episodes themselves for the local runner auturi.wrap uses);
+    the episode_len_mean / episode_return_mean both report are each episode's true length
+    and return summed over its chunks (before the fix Auturi's counted one extra step per
+    sample() call an episode spanned)."""
+    stock, ours = _fixed_action_runners(num_envs=1)
+    try:
+        s_chunks, s_learner, s_metrics = _run_calls(stock, 12, remote=True)
+        o_chunks, o_learner, o_metrics = _run_calls(ours, 12, remote=False)
+    finally:
+        ours.stop()
+        stock.stop()
+    ids_s, ids_o = {}, {}
+    continued = 0
+    for call, (cs, co) in enumerate(zip(s_chunks, o_chunks)):
+        assert len(cs) == len(co), call
+        for a, b in zip(cs, co):
+            assert ids_s.setdefault(a["id"], len(ids_s)) == ids_o.setdefault(b["id"], len(ids_o)), call
+            continued += a["t_started"] > 0
+            for k in ("t_started", "len", "terminated", "truncated", "lookback"):
+                assert a[k] == b[k], (call, k, a[k], b[k])
+            for k in ("obs", "actions", "rewards", "logp", "dist"):
+                assert a[k].dtype == b[k].dtype, (call, k)
+                np.testing.assert_array_equal(a[k], b[k], err_msg=f"call {call}: {k}")
+    assert continued >= 4 and max(c["lookback"] for call in o_chunks for c in call) == 2
+    for call, (ls, lo) in enumerate(zip(s_learner, o_learner)):
+        for a, b in zip(ls, lo):
+            assert a[:3] == b[:3], call
+            np.testing.assert_array_equal(a[3], b[3])
+    truth = _true_episode_stats(o_chunks)
+    assert len(truth) >= 6 and truth == _true_episode_stats(s_chunks)
+    assert s_metrics == o_metrics
+    # Each get_metrics reports the episodes that ended since the one before.
+    seen, checked = 0, 0
+    for call, m in enumerate(o_metrics):
+        ended = truth[seen:seen + sum(c["terminated"] or c["truncated"] for c in o_chunks[call])]
+        seen += len(ended)
+        assert (m is None) == (not ended), call
+        if ended:
+            np.testing.assert_allclose(m, np.mean(ended, axis=0), rtol=1e-12, err_msg=f"call {call}")
+            checked += 1
+    assert checked >= 4
 
 
 def test_learning_parity_cartpole():
