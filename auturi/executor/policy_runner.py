@@ -5,9 +5,9 @@ The thread rule (in-process inference runs with the torch thread count found bes
 the first time a runner acts, it times ``policy.act`` on that batch at 1 torch thread and at
 the count the process has (torch's default, the number of cores, in the caller; the ``shm``
 backend's share of free cores in a worker), a few calls each, alternated, and keeps the
-faster: more threads only when at least :data:`MORE_THREADS_GAIN` faster, since on a shared
-machine each extra thread takes a core from an env. Every ``act`` then runs at that count
-and restores the previous count after, the way an actor's CPU pinning is undone after a
+faster: more threads only when at least :data:`MORE_THREADS_GAIN` (25%) faster, since on a
+shared machine each extra thread takes a core from an env and waits for it. Every ``act``
+then runs at that count and restores the previous count after, the way an actor's CPU pinning is undone after a
 collect: the learner in the same process keeps its own setting. A policy without torch
 (``needs_torch = False``, or torch never imported) skips all of this. Measured on 2 cores,
 a 64x64 MLP at torch's default 2 threads took 2.3-10x as long per call as at 1 thread, which
@@ -16,6 +16,7 @@ made the serial baseline, and every "x serial" figure, wrong.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,10 +26,14 @@ import numpy as np
 
 from auturi.policy import Policy
 
-MORE_THREADS_GAIN = 0.10
-"""More than one torch thread is kept only when its calls are this much faster."""
-CALIBRATION_CALLS = 3
-"""Timed calls per thread count (after one untimed call each), alternated between counts."""
+MORE_THREADS_GAIN = 0.25
+"""More than one torch thread is kept only when its calls are this much faster: when other
+processes want the cores, a multi-threaded call waits for its slowest thread (measured on 2
+busy cores: 10-25x slower than 1 thread), so a small gain is not worth that risk."""
+CALIBRATION_CALLS = 5
+"""Timed calls per thread count (after one untimed call each), alternated between counts;
+their median is compared (not the fastest call: under contention a multi-threaded call is
+sometimes fast and mostly slow)."""
 
 
 def _torch() -> object | None:
@@ -71,12 +76,12 @@ def thread_candidates() -> list[int]:
 
 def best_threads(call: Callable[[], object], candidates: list[int] | None = None,
                  calls: int = CALIBRATION_CALLS, clock: Callable[[], float] = time.perf_counter) -> int:
-    """The thread count among ``candidates`` whose fastest timed ``call()`` is quickest; a
+    """The thread count among ``candidates`` whose timed ``call()`` has the lowest median; a
     count above the smallest must beat it by :data:`MORE_THREADS_GAIN`."""
     cands = sorted(set(candidates if candidates is not None else thread_candidates()))
     if len(cands) < 2:
         return cands[0] if cands else 1
-    best = {n: float("inf") for n in cands}
+    times: dict[int, list[float]] = {n: [] for n in cands}
     for n in cands:  # first calls pay for allocation and kernel choice
         with torch_threads(n):
             call()
@@ -85,10 +90,11 @@ def best_threads(call: Callable[[], object], candidates: list[int] | None = None
             with torch_threads(n):
                 t0 = clock()
                 call()
-                best[n] = min(best[n], clock() - t0)
+                times[n].append(clock() - t0)
+    med = {n: statistics.median(ts) for n, ts in times.items()}
     choice = cands[0]
     for n in cands[1:]:
-        if best[n] < (1 - MORE_THREADS_GAIN) * best[choice]:
+        if med[n] < (1 - MORE_THREADS_GAIN) * med[choice]:
             choice = n
     return choice
 
