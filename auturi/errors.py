@@ -42,6 +42,11 @@ class WorkerError(AuturiError, RuntimeError):
             msg += "\n  its Python stack when it was found stuck (most recent call first):\n" + _indent(stack)
         super().__init__(msg)
 
+    def __reduce__(self) -> tuple:
+        # Exceptions pickle as cls(*args), and args holds only the message: a WorkerError that
+        # crossed a process (a Ray actor's) came back unreadable, its worker and stack lost.
+        return type(self), (self.worker, self.reason, self.traceback, self.config, self.stack)
+
 
 def _indent(text: str) -> str:
     return "".join("    " + line + "\n" for line in text.rstrip().splitlines())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -60,7 +61,9 @@ def _alive(pid: int) -> bool:
 
 
 def _segments_of(pids: set[int]) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.startswith("auturi_") and int(n.split("_")[1]) in pids]
+    """Segments and named semaphores (``sem.auturi_<pid>_*``) made by processes ``pids``."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith(("auturi_", "sem.auturi_")) and
+            int(n.split("_")[1]) in pids]
 
 
 @pytest.fixture(autouse=True)
@@ -183,6 +186,35 @@ def test_killing_a_ray_actor_mid_collect_is_a_worker_error_and_leaves_nothing(tm
     assert len([n for n in os.listdir(tmp_path) if n.isdigit()]) == 2  # both envs really blocked
     with pytest.raises(AuturiError, match="closed"):
         ex.collect(2)
+
+
+def test_a_stopped_ray_actor_is_a_worker_error_naming_it():
+    """worker_timeout holds for Ray actors too: a SIGSTOPped actor answers no progress probe."""
+    config = Config(num_actors=2, envs_per_actor=2)
+    ex = ray_executor(counting(), config, worker_timeout=2.0)
+    ex.collect(3)
+    victim = ex._actors[1]
+    os.kill(victim.pid, signal.SIGSTOP)
+    with pytest.raises(WorkerError) as e:
+        ex.collect(5)
+    err = e.value
+    assert err.worker == victim.name and err.config == config
+    assert "made no progress" in err.reason and "stopped (SIGSTOP" in err.reason
+
+
+def test_an_env_step_that_never_returns_inside_a_ray_actor_names_its_env_worker(tmp_path):
+    """The innermost stuck process is named: the env worker inside the actor, with its stack."""
+    os.mkfifo(tmp_path / "fifo")
+    blocking = functools.partial(BlockingEnv, str(tmp_path), 3, os.getpid())
+    plain = counting()
+    config = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
+    ex = ray_executor([plain, blocking, plain, plain], config, worker_timeout=2.0)  # env 1: actor 0's worker
+    with pytest.raises(WorkerError) as e:
+        ex.collect(10)
+    err = e.value
+    assert err.worker.startswith(ex_name := "ray actor 0 (envs 0-1)") and ": env worker 1 of actor 0" in err.worker
+    assert "made no progress" in err.reason and err.config == config, ex_name
+    assert "helpers.py" in err.stack and "in step" in err.stack
 
 
 def test_env_exception_in_a_ray_actor_carries_the_remote_traceback():

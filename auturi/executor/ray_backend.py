@@ -53,6 +53,7 @@ from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError, WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.shm import ShmExecutor
+from auturi.executor.shm.channel import BEAT, DUMP_SECONDS, process_stack, stuck_reason
 
 POLL_SECONDS = 0.2
 """Longest single ``ray.wait``; between them the caller may be interrupted."""
@@ -60,6 +61,8 @@ LIVENESS_SECONDS = 2.0
 """How often a long wait checks that the nodes of the actors it waits for are alive."""
 CLOSE_SECONDS = 10.0
 """How long ``close()`` lets idle actors close their executors before killing them."""
+PROBE_SECONDS = 0.5
+"""How often a collect asks each busy actor for its progress (``worker_timeout``)."""
 
 
 # ----------------------------------------------------------------------------- cluster
@@ -219,7 +222,18 @@ class RayActorHost:
     """The body of one Ray actor: a :class:`SliceExecutor` over its envs, on its node."""
 
     def __init__(self) -> None:
+        from auturi.executor.shm.worker import register_stack_dump
+
         self.ex: SliceExecutor | None = None
+        self.dumpfd = register_stack_dump()  # read by whoever finds this actor stuck
+
+    def progress(self) -> int:
+        """Runs in the ``control`` thread: this actor's progress word (rows stepped, waits;
+        it also moves while the actor waits on a worker of its own, which it watches itself).
+        A stopped actor, or one stuck in C code holding the GIL, does not answer."""
+        ex = self.ex
+        ctrl = None if ex is None else ex._ctrl
+        return -1 if ctrl is None else int(ctrl["hdr"][BEAT])
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -229,17 +243,18 @@ class RayActorHost:
         except AttributeError:
             cores = []
         return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "cores": cores}
+                "pid": os.getpid(), "cores": cores, "dumpfd": self.dumpfd}
 
     def start(self, env_fns: Sequence[Any], policy: Any, config: Config, seed: int, lo: int, generation: int,
-              steps_done: int, weights: dict | None, cores: list[int] | None) -> None:
+              steps_done: int, weights: dict | None, cores: list[int] | None, worker_timeout: float) -> None:
         if cores:  # this actor's own cores of its node (when the node has enough for every actor)
             try:
                 os.sched_setaffinity(0, cores)
             except (AttributeError, OSError):
                 pass
         self.ex = SliceExecutor(list(env_fns[lo:lo + config.num_envs]), policy, config=config, seed=seed,
-                                env_id_offset=lo, generation=generation, steps_done=steps_done)
+                                env_id_offset=lo, generation=generation, steps_done=steps_done,
+                                worker_timeout=worker_timeout)
         if weights is not None:
             self.ex.set_policy_state(weights)
 
@@ -268,14 +283,7 @@ class RayActorHost:
     def close(self) -> None:
         ex, self.ex = self.ex, None
         if ex is not None:
-            ex.close()
-            # Its named semaphores are unlinked when their objects are collected; the caller
-            # ray.kill()s this process next, which runs no finalizer (and ends its resource
-            # tracker too), so collect them now (measured: 57 leaked per test module).
-            del ex
-            import gc
-
-            gc.collect()
+            ex.close()  # unlinks its segments and semaphore names itself: the caller ray.kill()s us next
 
     def __del__(self) -> None:
         try:
@@ -298,8 +306,9 @@ def _actor_class() -> Any:
 
 
 def sweep_segments(pid: int, wait: float = CLOSE_SECONDS) -> int:
-    """Once process ``pid`` has ended (waiting at most ``wait`` s), unlink the segments it
-    created (``/dev/shm/auturi_<pid>_*``); returns how many. Runs on the dead actor's node."""
+    """Once process ``pid`` has ended (waiting at most ``wait`` s), unlink the segments and
+    named semaphores it created (``/dev/shm/auturi_<pid>_*``, ``sem.auturi_<pid>_*``); returns
+    how many. Runs on the dead actor's node."""
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
@@ -311,7 +320,7 @@ def sweep_segments(pid: int, wait: float = CLOSE_SECONDS) -> int:
         time.sleep(0.05)
     n = 0
     for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
-        if name.startswith(f"auturi_{pid}_"):
+        if name.startswith((f"auturi_{pid}_", f"sem.auturi_{pid}_")):
             try:
                 os.unlink(os.path.join("/dev/shm", name))
                 n += 1
@@ -330,6 +339,11 @@ def _sweeper() -> Any:
 
         _sweep_task = ray.remote(num_cpus=0, max_retries=0)(sweep_segments)
     return _sweep_task
+
+
+def stack_of(pid: int, fd: int) -> tuple[str, str]:
+    """:func:`channel.process_stack` of a Ray actor (runs on its node)."""
+    return process_stack(pid, fd)
 
 
 def _settle(refs: list, timeout: float, watch: dict | None = None, ok: set | None = None) -> None:
@@ -351,6 +365,48 @@ def _settle(refs: list, timeout: float, watch: dict | None = None, ok: set | Non
 
 
 # ----------------------------------------------------------------------------- caller side
+class _ProgressWatch:
+    """``worker_timeout`` for Ray actors during a collect or weight update: every
+    ``PROBE_SECONDS`` each busy actor is asked for its progress word (``RayActorHost.progress``,
+    in its ``control`` thread); an actor whose word has not moved, or that has not answered, for
+    ``worker_timeout`` seconds is stuck. An actor waiting on a stuck worker of its own keeps
+    moving its word and reports that worker itself, so the innermost stuck process is named."""
+
+    def __init__(self, ex: "RayExecutor", t0: float):
+        self.ex, self.t0 = ex, t0
+        self.probes: dict[int, Any] = {}
+        self.seen: dict[int, int] = {}
+        self.since: dict[int, float] = {}
+        self.asked = 0.0
+
+    def check(self, indices: list[int], now: float) -> None:
+        import ray
+
+        if self.probes:
+            ready, _ = ray.wait(list(self.probes.values()), num_returns=len(self.probes), timeout=0)
+            for i, ref in list(self.probes.items()):
+                if ref in ready:
+                    del self.probes[i]
+                    try:
+                        value = ray.get(ref)
+                    except Exception:  # a dead actor: its own call fails and says why
+                        continue
+                    if value != self.seen.get(i):
+                        self.seen[i], self.since[i] = value, now
+        for i in indices:
+            idle = now - self.since.setdefault(i, self.t0)
+            if idle > self.ex.worker_timeout:
+                self.ex._probes = list(self.probes.values())
+                raise self.ex._stuck(self.ex._actors[i], idle)
+        if now - self.asked >= PROBE_SECONDS:
+            self.asked = now
+            for i in indices:
+                if i not in self.probes:
+                    handle = self.ex._actors[i].handle
+                    self.probes[i] = handle.progress.options(concurrency_group="control").remote()
+        self.ex._probes = list(self.probes.values())
+
+
 @dataclass
 class _Actor:
     index: int
@@ -359,6 +415,7 @@ class _Actor:
     node: str = "?"
     ip: str = "?"
     pid: int = 0
+    dumpfd: int = -1
 
     @property
     def name(self) -> str:
@@ -383,6 +440,7 @@ class RayExecutor(Executor):
     def __init__(self, *args: Any, address: str | None = None, start_timeout: float = 120.0, **kwargs: Any):
         self._actors: list[_Actor] = []
         self._inflight: dict[int, Any] = {}  # actor index -> ref of its call still running
+        self._probes: list = []  # progress probes still unanswered (settled at close)
         self._pg: Any = None
         self._generation = -1
         self._payload: tuple[Any, Any] | None = None
@@ -442,14 +500,16 @@ class RayExecutor(Executor):
             for a in range(config.num_actors)]
         wheres = self._wait({a.index: a.handle.where.remote() for a in self._actors}, self._start_timeout)
         for a in self._actors:
-            a.node, a.ip, a.pid = wheres[a.index]["node"], wheres[a.index]["ip"], wheres[a.index]["pid"]
+            w = wheres[a.index]
+            a.node, a.ip, a.pid, a.dumpfd = w["node"], w["ip"], w["pid"], w["dumpfd"]
         # Inside an actor, a CUDA policy sees only the GPU Ray gave it.
         sub = Config(1, config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor,
                      "cpu" if not gpus else "cuda", config.policy_batch_size)
         fns, policy = self._payload
         cores = self._actor_cores(wheres, cpus)
         self._wait({a.index: a.handle.start.remote(fns, policy, sub, self.seed, a.envs[0], self._generation,
-                                                   self._steps_done, self._weights_ref, cores[a.index])
+                                                   self._steps_done, self._weights_ref, cores[a.index],
+                                                   self.worker_timeout)
                     for a in self._actors}, self._start_timeout)
 
     def _actor_cores(self, wheres: dict[int, dict], cpus: int) -> dict[int, list[int] | None]:
@@ -516,6 +576,7 @@ class RayExecutor(Executor):
         self._inflight = dict(refs)
         out: dict[int, Any] = {}
         t0 = checked = time.monotonic()
+        watch = _ProgressWatch(self, t0) if timeout is None else None
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
             for ref in ready:
@@ -529,10 +590,32 @@ class RayExecutor(Executor):
             if pending and now - checked > LIVENESS_SECONDS:
                 checked = now
                 self._check_nodes([by_ref[r] for r in pending])
+            if pending and watch is not None:
+                watch.check([by_ref[r] for r in pending], now)
             if pending and timeout is not None and now - t0 > timeout:
                 slow = ", ".join(self._actors[by_ref[r]].name for r in pending)
                 raise AuturiError(f"{slow}: no answer within {timeout:.0f} s")
         return out
+
+    def _stuck(self, actor: _Actor, idle: float) -> WorkerError:
+        """The :class:`WorkerError` for an actor that made no progress for ``idle`` seconds,
+        with its stack, read on its node (here when it runs on this machine)."""
+        import ray
+
+        note, stack = "", "(its stack could not be fetched from its node)"
+        if actor.ip == ray.util.get_node_ip_address():
+            note, stack = process_stack(actor.pid, actor.dumpfd)
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            ref = ray.remote(num_cpus=0, max_retries=0)(stack_of).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(actor.node, soft=False)).remote(actor.pid,
+                                                                                                  actor.dumpfd)
+            ready, _ = ray.wait([ref], timeout=DUMP_SECONDS + CLOSE_SECONDS)
+            if ready:
+                note, stack = ray.get(ref)
+        return WorkerError(actor.name, stuck_reason(idle, note, actor.pid, self.worker_timeout), "", self._applying,
+                           stack)
 
     def _check_nodes(self, indices: list[int]) -> None:
         import ray
@@ -551,7 +634,7 @@ class RayExecutor(Executor):
         if isinstance(exc, rex.RayTaskError):
             cause = getattr(exc, "cause", None)
             if isinstance(cause, WorkerError):  # one of the actor's own workers failed
-                return WorkerError(f"{actor.name}: {cause.worker}", cause.reason, cause.traceback, config)
+                return WorkerError(f"{actor.name}: {cause.worker}", cause.reason, cause.traceback, config, cause.stack)
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "an exception"
             return WorkerError(actor.name, f"raised {what}", getattr(exc, "traceback_str", str(exc)), config)
         if isinstance(exc, rex.RayActorError):
@@ -566,6 +649,7 @@ class RayExecutor(Executor):
         group removed, whatever happened before."""
         actors, self._actors = self._actors, []
         busy, self._inflight = self._inflight, {}
+        probes, self._probes = self._probes, []
         pg, self._pg = self._pg, None
         if not actors and pg is None:
             return
@@ -587,9 +671,16 @@ class RayExecutor(Executor):
                     pass
             # A dead or killed actor could not unlink its segments (Ray ends its resource
             # tracker with it): unlink them on its node once it is gone.
+            dead = [a for a in actors if a.index not in closed and a.pid]
             sweeps = [_sweeper().options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node, soft=False))
-                      .remote(a.pid) for a in actors if a.index not in closed and a.pid]
-            _settle(sweeps, CLOSE_SECONDS)
+                      .remote(a.pid) for a in dead]
+            _settle(sweeps + probes, CLOSE_SECONDS)
+            # And here for actors on this machine, whatever became of those tasks (one was
+            # seen to miss segments): the names carry the pid, so this is exact.
+            here = ray.util.get_node_ip_address()
+            for a in dead:
+                if a.ip == here:
+                    sweep_segments(a.pid)
             if pg is not None:
                 try:
                     remove_placement_group(pg)

@@ -338,9 +338,12 @@ def stuck_error(ctrl: ArrayBlock, slot: int, name: str, idle: float, timeout: fl
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return WorkerError(name, f"made no progress for {idle:.1f} s{note} (pid {pid}); if its steps are this slow "
-                             f"on purpose, raise worker_timeout (now {timeout:g} s): make_executor(..., "
-                             f"worker_timeout=SECONDS)", "", config, stack)
+    return WorkerError(name, stuck_reason(idle, note, pid, timeout), "", config, stack)
+
+
+def stuck_reason(idle: float, note: str, pid: int, timeout: float) -> str:
+    return (f"made no progress for {idle:.1f} s{note} (pid {pid}); if its steps are this slow on purpose, "
+            f"raise worker_timeout (now {timeout:g} s): make_executor(..., worker_timeout=SECONDS)")
 
 
 def process_state(pid: int) -> str:
