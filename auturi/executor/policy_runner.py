@@ -7,11 +7,11 @@ the count the process has (torch's default, the number of cores, in the caller; 
 backend's share of free cores in a worker), a few calls each, alternated, and keeps the
 faster: more threads only when at least :data:`MORE_THREADS_GAIN` (25%) faster, since on a
 shared machine each extra thread takes a core from an env and waits for it. Every ``act``
-then runs at that count and restores the previous count after, the way an actor's CPU pinning is undone after a
-collect: the learner in the same process keeps its own setting. A policy without torch
-(``needs_torch = False``, or torch never imported) skips all of this. Measured on 2 cores,
-a 64x64 MLP at torch's default 2 threads took 2.3-10x as long per call as at 1 thread, which
-made the serial baseline, and every "x serial" figure, wrong.
+then runs at that count and restores the previous count after, the way an actor's CPU
+pinning is undone after a collect: the learner in the same process keeps its own setting.
+A policy without torch (``needs_torch = False``, or torch never imported) skips all of this.
+Measured on 2 cores, a 64x64 MLP at torch's default 2 threads took 2.3-25x as long per call
+as at 1 thread, which made the serial baseline, and every "x serial" figure, wrong.
 """
 from __future__ import annotations
 
