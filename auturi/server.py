@@ -270,8 +270,11 @@ def _models() -> dict[str, Any]:
         current_samples: int = 0
         best_config: ConfigModel | None = None
         best_config_label: str = ""
-        best_throughput: Num = Field(None, description="Best mean throughput measured (env steps/s)")
-        best_half_width: Num = Field(None, description="Its 95% confidence half-width (steps/s)")
+        best_throughput: Num = Field(None, description="Best throughput measured: the median of its samples (env steps/s)")
+        best_half_width: Num = Field(None, description="Larger distance from that median to an end of its interval (steps/s)")
+        best_low: Num = Field(None, description="Lower end of the median's distribution-free interval (steps/s)")
+        best_high: Num = Field(None, description="Upper end of that interval (steps/s)")
+        best_confidence: Num = Field(None, description="The interval's exact confidence (0..1)")
         throughput_now: Num = Field(None, description="Throughput of the latest measured collect (steps/s)")
         throughput_now_age_seconds: Num = None
         trials_done: int = 0
@@ -295,8 +298,11 @@ def _models() -> dict[str, Any]:
         status: str = ""
         stop_reason: str = ""
         error: str | None = None
-        mean: Num = Field(None, description="Mean throughput (steps/s)")
-        half_width: Num = Field(None, description="95% confidence half-width (steps/s)")
+        mean: Num = Field(None, description="Throughput estimate: the median of the samples (steps/s)")
+        half_width: Num = Field(None, description="Larger distance from the median to an end of its interval (steps/s)")
+        low: Num = Field(None, description="Lower end of the median's distribution-free interval (steps/s)")
+        high: Num = Field(None, description="Upper end of that interval (steps/s)")
+        confidence: Num = Field(None, description="The interval's exact confidence (0..1; none below 3 samples)")
         n: int = 0
         samples: list[Num] = Field(default_factory=list)
         warmup: list[Num] = Field(default_factory=list)
@@ -352,7 +358,8 @@ class _Reader:
         raw = self.raw_status()
         now = time.time()
         known = {"phase", "mode", "strategy", "current_config", "current_samples", "best_config", "best_throughput",
-                 "best_half_width", "throughput_now", "throughput_now_at", "trials", "trials_ok", "budget_trials",
+                 "best_half_width", "best_low", "best_high", "best_confidence", "throughput_now", "throughput_now_at",
+                 "trials", "trials_ok", "budget_trials",
                  "budget_trials_left", "budget_seconds", "budget_seconds_left", "elapsed_seconds", "space",
                  "cache_hit", "updated_at", "hardware"}
         cur, best = _config_dict(raw.get("current_config")), _config_dict(raw.get("best_config"))
@@ -372,6 +379,8 @@ class _Reader:
             "best_config": best, "best_config_label": _config_label(best),
             "best_throughput": _finite(raw.get("best_throughput")),
             "best_half_width": _finite(raw.get("best_half_width")),
+            "best_low": _finite(raw.get("best_low")), "best_high": _finite(raw.get("best_high")),
+            "best_confidence": _finite(raw.get("best_confidence")),
             "throughput_now": _finite(raw.get("throughput_now")),
             "throughput_now_age_seconds": None if now_at is None else max(0.0, now - now_at),
             "trials_done": _int(raw.get("trials")), "trials_ok": _int(raw.get("trials_ok")),
@@ -413,7 +422,8 @@ class _Reader:
                 "index": i, "config": cfg, "label": _config_label(cfg) or str(t.get("config", "")),
                 "source": str(t.get("source") or ""), "status": str(t.get("status") or ""),
                 "stop_reason": str(t.get("stop_reason") or ""), "error": None if err is None else str(err),
-                "mean": _finite(t.get("mean")), "half_width": _finite(t.get("half_width")),
+                "mean": _finite(t.get("median", t.get("mean"))), "half_width": _finite(t.get("half_width")),
+                "low": _finite(t.get("low")), "high": _finite(t.get("high")), "confidence": _finite(t.get("confidence")),
                 "n": _int(t.get("n"), len(samples)), "samples": [_finite(s) for s in samples],
                 "warmup": [_finite(s) for s in warmup],
                 "reconfigure_seconds": _finite(t.get("reconfigure_seconds")),
@@ -703,9 +713,9 @@ def render_metrics(status: Mapping[str, Any], trials: Sequence[Mapping[str, Any]
     metric("auturi_tuner_trials_total", "counter", "Trials finished.", [({}, status.get("trials_done"))])
     metric("auturi_tuner_trials_ok_total", "counter", "Trials finished with a measurement.",
            [({}, status.get("trials_ok"))])
-    metric("auturi_tuner_best_throughput_steps_per_second", "gauge", "Best mean throughput measured.",
+    metric("auturi_tuner_best_throughput_steps_per_second", "gauge", "Best throughput measured (median of its samples).",
            [({"config": status.get("best_config_label") or ""}, status.get("best_throughput"))])
-    metric("auturi_tuner_best_half_width_steps_per_second", "gauge", "95% half-width of the best mean.",
+    metric("auturi_tuner_best_half_width_steps_per_second", "gauge", "Larger distance from the best median to an end of its interval.",
            [({}, status.get("best_half_width"))])
     metric("auturi_tuner_throughput_steps_per_second", "gauge", "Throughput of the latest measured collect.",
            [({}, status.get("throughput_now"))])
