@@ -132,7 +132,8 @@ def evaluate(model: Any, task: str, seed: int, episodes: int = 8) -> float:
         env = VecNormalize(env, training=False, norm_reward=False)
         env.obs_rms = copy.deepcopy(train_norm.obs_rms)
     try:
-        rets, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=False, return_episode_rewards=True)
+        rets, _ = evaluate_policy(model, env, n_eval_episodes=episodes, deterministic=False,
+                                  return_episode_rewards=True)
     finally:
         env.close()
     return float(np.mean(rets))

@@ -8,7 +8,6 @@ episode statistics and logging intact; and learning must not suffer.
 from __future__ import annotations
 
 import threading
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -564,6 +563,7 @@ def test_reconfigure_cut_equals_sb3_restart(tmp_path, one_thread):
 
 
 # ------------------------------------------------------------------ (d) learning parity
+@pytest.mark.timeout(600)  # ~40 s on a quiet 2-core box; a busy one takes several times that
 def test_learning_parity_cartpole(one_thread):
     """PPO on CartPole-v1 reaches a similar return wrapped and unwrapped (same seeds; the
     collection differs only in where the action noise comes from)."""
@@ -580,13 +580,11 @@ def test_learning_parity_cartpole(one_thread):
                 unwrap_sb3(model)
         return float(np.mean([e["r"] for e in list(model.ep_info_buffer)[-20:]]))
 
-    t0 = time.perf_counter()
     plain = [final_return(s, False) for s in (0, 1)]
     wrapped = [final_return(s, True) for s in (0, 1)]
     # A random policy scores ~22; these settings reach ~100-250 by 15k steps.
     assert np.mean(wrapped) > 80, (plain, wrapped)
     assert np.mean(wrapped) > 0.5 * np.mean(plain), (plain, wrapped)
-    assert time.perf_counter() - t0 < 120
 
 
 def test_env_side_is_torch_free():
