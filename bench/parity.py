@@ -15,13 +15,15 @@ Per run it records what learning gives, none of it a timing:
 ``--control`` adds a third run per seed, ``sb3_cut``: plain SB3 whose envs all restart
 (``VecEnv.reset``, fresh seeds) before the very rollouts where the paired wrapped run had
 its episodes cut. It tells whether a gap comes from the cuts themselves (then ``sb3_cut``
-shows it too) or from anything else the wrapped path does differently.
+shows it too) or from anything else the wrapped path does differently. ``--fixed`` adds
+``auturi_fixed``: ``auturi.wrap(model, config=Config.serial(n_envs))``, the wrapped path
+without tuning (no reconfigure, no cut).
 
 Per task the table gives each side's mean and standard deviation over seeds and the paired
 difference (auturi - sb3) with its standard error; ``|diff| > 2 SE`` is marked as beyond
 seed noise. Wall seconds are printed but mean little on a shared machine.
 
-Run: python -m bench.parity [--quick] [--control] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
+Run: python -m bench.parity [--quick] [--control] [--fixed] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
 Writes bench/results/parity[_quick].json and .md (``--out DIR`` elsewhere).
 """
 from __future__ import annotations
@@ -142,7 +144,8 @@ def evaluate(model: Any, task: str, seed: int, episodes: int = 8) -> float:
 def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: tuple[int, ...] = ()) -> dict[str, Any]:
     """One ``learn`` of ``steps`` steps: ``kind`` ``sb3`` (plain), ``sb3_cut`` (plain, every
     env restarted before the rollouts ``restart_before``) or ``auturi``
-    (``auturi.wrap(model)``, online tuning, a fresh cache directory)."""
+    (``auturi.wrap(model)``, online tuning, a fresh cache directory) or ``auturi_fixed``
+    (``auturi.wrap(model, config=Config.serial(n_envs))``)."""
     import numpy as np
     import torch
 
@@ -153,8 +156,11 @@ def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: 
     log = _episode_log_class()(restart_before if kind == "sb3_cut" else (), seed)
     out: dict[str, Any] = {"task": task, "seed": seed, "kind": kind}
     with tempfile.TemporaryDirectory(prefix="auturi-parity-cache-") as cache:
+        wrapped = kind.startswith("auturi")
         if kind == "auturi":
             model = auturi.wrap(model, budget={"cache": cache})
+        elif kind == "auturi_fixed":
+            model = auturi.wrap(model, config=auturi.Config.serial(model.n_envs))
         try:
             t0 = time.perf_counter()
             model.learn(steps, callback=log)
@@ -165,7 +171,7 @@ def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: 
                 out["tuner_phase"] = tuner.phase if tuner is not None else None
                 out["trials"] = len(tuner.history) if tuner is not None else 0
         finally:
-            if kind == "auturi":
+            if wrapped:
                 model.auturi.close()
     out["timesteps"] = int(model.num_timesteps)
     out["episodes"] = len(log.returns)
@@ -205,14 +211,18 @@ def paired(runs: list[dict[str, Any]], metric: str, kind: str, versus: str) -> d
 
 
 def summarize_task(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per metric: auturi against sb3, and, with the control, against sb3_cut."""
+    """Per metric: auturi against sb3; with the control, against sb3_cut; with --fixed,
+    auturi_fixed against sb3."""
     out: dict[str, Any] = {}
     for metric in METRICS:
         out[metric] = paired(runs, metric, "auturi", "sb3")
-        control = paired(runs, metric, "auturi", "sb3_cut")
-        if control is not None:
-            out[metric]["sb3_cut"] = control["sb3_cut"]
-            out[metric]["vs_sb3_cut"] = {k: control[k] for k in ("diff", "se", "beyond_noise")}
+        # (kind, versus, the side not in the main columns, where the difference goes)
+        for kind, versus, extra, key in (("auturi", "sb3_cut", "sb3_cut", "vs_sb3_cut"),
+                                         ("auturi_fixed", "sb3", "auturi_fixed", "fixed_vs_sb3")):
+            p = paired(runs, metric, kind, versus)
+            if p is not None:
+                out[metric][extra] = p[extra]
+                out[metric][key] = {k: p[k] for k in ("diff", "se", "beyond_noise")}
     return out
 
 
@@ -226,10 +236,14 @@ def _diff(d: dict[str, Any]) -> str:
 
 def markdown(res: dict[str, Any]) -> str:
     control = any(r["kind"] == "sb3_cut" for r in res["runs"])
+    fixed = any(r["kind"] == "auturi_fixed" for r in res["runs"])
     head = "| task | steps | metric | SB3 | auturi | auturi - SB3 ± SE |"
     rule = "|---|---:|---|---:|---:|---:|"
     if control:
         head += " SB3 with auturi's cuts | auturi - that ± SE |"
+        rule += "---:|---:|"
+    if fixed:
+        head += " auturi fixed serial | fixed - SB3 ± SE |"
         rule += "---:|---:|"
     lines = ["# Learning parity: plain SB3 vs auturi.wrap(model) (online tuning)", "",
              f"`{res['command']}`  ", f"{res['machine']}; {res['seconds'] / 60:.1f} min", "",
@@ -240,6 +254,8 @@ def markdown(res: dict[str, Any]) -> str:
             row = f"| {task} | {res['steps'][task]} | {metric} | {_pm(m['sb3'])} | {_pm(m['auturi'])} | {_diff(m)} |"
             if control:
                 row += f" {_pm(m['sb3_cut'])} | {_diff(m['vs_sb3_cut'])} |"
+            if fixed:
+                row += f" {_pm(m['auturi_fixed'])} | {_diff(m['fixed_vs_sb3'])} |"
             lines.append(row)
     lines += ["", "Per run:", "", "| task | seed | kind | final_return | eval_return | episodes | cut | reconfigures | "
               "tuner | seconds |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
@@ -257,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 seeds, short runs (< 3 min)")
     ap.add_argument("--control", action="store_true", help="also plain SB3 with the wrapped run's cuts (sb3_cut)")
+    ap.add_argument("--fixed", action="store_true", help="also auturi.wrap(model, config=serial) (auturi_fixed)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5, --quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="learn steps for every task (default: per task)")
@@ -273,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "runs": []}
     print(res["machine"], flush=True)
     t0 = time.perf_counter()
-    kinds = KINDS + (("sb3_cut",) if args.control else ())
+    kinds = KINDS + (("sb3_cut",) if args.control else ()) + (("auturi_fixed",) if args.fixed else ())
     for task in args.tasks:
         for seed in range(seeds):
             cuts: tuple[int, ...] = ()
