@@ -198,3 +198,174 @@ def test_without_a_share_the_search_never_pauses():
 def test_search_share_must_be_a_fraction():
     with pytest.raises(ValueError, match="search_share"):
         OnlineTuner(FakeExecutor(N, speeds), "grid", cache=False, search_share=0)
+
+
+# ---------------------------------------------------------------------------- issue 15: pays for itself
+from auturi.rollout import CollectStats  # noqa: E402
+from auturi.tuner.profile import Profile, predict  # noqa: E402
+
+N16 = 16
+SPACE16 = build_space(N16, cores=2, devices=["cpu"])
+# The truth the fake runs by: the model itself on a known profile (defaults for what the
+# rollouts cannot time), so a profile recovered from the rollouts predicts it exactly.
+TRUE = Profile(env_step_seconds=2e-4, policy_seconds={"cpu": {N16: 4e-4}}, cores=2)
+
+
+class ProfiledFake(FakeExecutor):
+    """Runs at ``predict(config, TRUE)`` and reports, under an in-process layout, the env and
+    policy time of each collect as a real executor's stats do."""
+
+    def __init__(self, truth=lambda c: predict(c, TRUE), **kw):
+        super().__init__(N16, truth, **kw)
+
+    def collect(self, num_steps):
+        r = super().collect(num_steps)
+        c = self.config
+        if c.num_actors == 1 and c.env_parallel_degree == 1 and c.policies_per_actor == 1:
+            r.stats.env_seconds = r.stats.steps * TRUE.env_step_seconds
+            r.stats.policy_seconds = num_steps * -(-c.envs_per_actor // c.policy_batch_size) * 4e-4
+        return r
+
+
+def model_online(ex, **kw) -> OnlineTuner:
+    kw.setdefault("cache", False)
+    return OnlineTuner(ex, "model", space=SPACE16, clock=ex.clock, **kw)
+
+
+def run_until(online, ex, seconds: float, num_steps: int = 64) -> None:
+    while ex.clock() < seconds:
+        online.collect(num_steps)
+
+
+def test_the_first_rollouts_profile_leads_straight_to_the_predicted_best():
+    ex = ProfiledFake()
+    online = model_online(ex)
+    run_until(online, ex, 300.0)
+    best = max(SPACE16.configs, key=lambda c: predict(c, TRUE))
+    assert best != Config.serial(N16)
+    assert online.profile_source == "rollouts"
+    prof = online.strategy.profile
+    assert prof.env_step_seconds == pytest.approx(TRUE.env_step_seconds)
+    assert prof.policy_latency("cpu", N16) == pytest.approx(4e-4)
+    assert [t.source for t in online.history[:2]] == ["start", "online"]  # start IS serial: measured once
+    assert online.history[1].config == best  # the second trial is already the predicted best
+    assert online.phase == "locked" and online.locked_config == best
+    assert len(online.history) <= 6  # only the few the prediction cannot separate
+
+
+def test_a_cached_choice_runs_from_the_first_collect_and_is_only_confirmed(tmp_path):
+    first = ProfiledFake()
+    online = model_online(first, cache=tmp_path)
+    run_until(online, first, 300.0)
+    choice = online.locked_config
+    assert choice is not None and choice != Config.serial(N16)
+
+    ex = ProfiledFake()
+    again = model_online(ex, cache=tmp_path)
+    again.collect(64)
+    assert ex.log[:2] == [("reconfigure", choice), ("collect", choice)]  # before the first collect
+    for _ in range(10):
+        again.collect(64)
+    assert again.phase == "locked" and again.locked_config == choice
+    assert [t.source for t in again.history] == ["cache"]  # confirmed, not re-searched
+    assert ex.reconfigures == 1
+    assert again.first_run_cost()["collects_off_choice"] == 0
+
+
+def test_a_cached_choice_that_no_longer_holds_is_searched_from_the_start(tmp_path):
+    first = ProfiledFake()
+    online = model_online(first, cache=tmp_path)
+    run_until(online, first, 300.0)
+    choice = online.locked_config
+    ex = ProfiledFake()
+    ex.slowdown[choice] = 0.5  # the machine changed: the cached figure is not met
+    again = model_online(ex, cache=tmp_path)
+    run_until(again, ex, 300.0)
+    assert again.history[0].source == "cache" and again.history[1].source == "start"
+    assert again.phase == "locked" and again.locked_config != choice
+
+
+def test_on_a_short_run_the_search_costs_a_few_percent_and_a_long_run_locks_in():
+    """16 envs x 64 steps, rollouts of ~0.1-0.3 s, reconfigures of 0.5 s: a ~30 s run."""
+    ex = ProfiledFake(noise=0.03)
+    online = model_online(ex)
+    run_until(online, ex, 30.0)
+    elapsed = ex.clock() - online.t0
+    assert online.search_cost <= 0.05 * elapsed + 2 * ex.reconf_s  # the share, plus one trial's switch
+    cost = online.first_run_cost()
+    assert cost["reconfigure_seconds"] <= 0.1 * elapsed
+    run_until(online, ex, 600.0)
+    assert online.phase == "locked"
+    best = max(SPACE16.configs, key=lambda c: predict(c, TRUE))
+    assert ex.true_sps(online.locked_config) >= 0.95 * ex.true_sps(best)
+    assert online.search_cost <= 0.05 * (ex.clock() - online.t0)
+
+
+def test_first_run_cost_is_in_the_record_and_the_status():
+    ex = ProfiledFake()
+    online = model_online(ex)
+    run_until(online, ex, 300.0)
+    choice = online.locked_config
+    rec = online.result().to_record()
+    json.dumps(rec)
+    first = rec["online"]["first_run"]
+    off = [c for kind, c in ex.log if kind == "collect" and c != choice]
+    assert first["collects_off_choice"] == len(off) > 0
+    assert first["collects"] == ex.collects and first["reconfigures"] == ex.reconfigures
+    assert first["collects_to_lock"] is not None and first["collects_to_lock"] > len(off) - 1
+    assert first["seconds_off_choice"] > 0  # serial ran before the faster choice
+    assert online.status()["first_run"] == online.first_run_cost()
+    from auturi.tuner.cache import check_record
+
+    check_record(rec)  # the cache accepts the new fields
+
+
+def test_the_executors_reconfigure_report_is_kept_per_trial():
+    class Reporting(ProfiledFake):
+        def reconfigure(self, config):
+            s = super().reconfigure(config)
+            self.last_reconfigure = {"seconds": s, "kept": 1, "started": 2, "ended": 0, "moved": 4, "recreated": 0}
+            return s
+
+    ex = Reporting()
+    online = model_online(ex)
+    run_until(online, ex, 10.0)
+    switched = [t for t in online.history if t.source == "online"]
+    assert switched and switched[0].reconfigure["started"] == 2
+    assert online.result().to_record()["trials"][1]["reconfigure"]["moved"] == 4
+    assert online.status()["last_reconfigure"]["executor"]["kept"] == 1
+
+
+def test_a_trial_clearly_slower_than_the_best_stops_after_one_sample():
+    slow = Config(num_actors=1, envs_per_actor=N, env_parallel_degree=N)
+
+    def truth(c):
+        return 300.0 if c == slow else speeds(c)
+
+    from auturi.tuner import SearchSpace
+
+    space = SearchSpace(totals=SPACE.totals, cores=SPACE.cores, devices=SPACE.devices,
+                        configs=[slow] + [c for c in SPACE.configs if c != slow])
+    ex = FakeExecutor(N, truth, noise=0.01)
+    online = OnlineTuner(ex, "grid", space=space, cache=False, clock=ex.clock, budget_trials=3, search_share=None)
+    for _ in range(20):
+        online.collect(16)
+    t = next(t for t in online.history if t.config == slow)
+    assert t.stop_reason == "slower" and t.n == 1 and len(t.warmup) == 1
+
+
+@pytest.mark.parametrize("start", [Config.serial(N16), Config(num_actors=2, envs_per_actor=8, policy_batch_size=4)])
+def test_the_lock_in_is_never_slower_than_start_or_serial(start):
+    """Every other layout is slower than serial (a big network, say), and the model is
+    wrong about it: the lock-in is still start or serial, whichever measured faster."""
+    def truth(c):
+        return 5000.0 if c == Config.serial(N16) else (4800.0 if c == start else 0.6 * predict(c, TRUE))
+
+    ex = ProfiledFake(truth=truth, noise=0.02, config=start)
+    online = model_online(ex)
+    run_until(online, ex, 300.0)
+    assert online.phase == "locked"
+    base = [t for t in online.history if t.source in ("start", "serial")]
+    assert {t.config for t in base} == {start, Config.serial(N16)}
+    assert online.locked.estimate >= max(t.estimate for t in base)
+    assert online.locked_config == Config.serial(N16)

@@ -6,7 +6,10 @@
   measure until the median's distribution-free interval is tight), and :class:`Trial`;
 - :mod:`~auturi.tuner.strategies`: ``grid``, ``optuna`` and ``model`` (the default);
 - :mod:`~auturi.tuner.profile`: component profiling and the analytic model;
-- :mod:`~auturi.tuner.tuner`: :class:`Tuner` (offline) and :class:`OnlineTuner`;
+- :mod:`~auturi.tuner.offline`: :class:`Tuner`; :mod:`~auturi.tuner.online`:
+  :class:`OnlineTuner` (its profile from the training's first rollouts:
+  :mod:`~auturi.tuner.rollout_profile`); :mod:`~auturi.tuner.result`: :class:`TuneResult`,
+  :class:`TuneError`, :class:`TunerEvent`; :mod:`~auturi.tuner.session`: what both share;
 - :mod:`~auturi.tuner.cache`: JSON results, fingerprints and the cache of past choices.
 
 Example:
@@ -43,7 +46,9 @@ from auturi.tuner.strategies import (
     Strategy,
     make_strategy,
 )
-from auturi.tuner.tuner import OnlineTuner, TuneError, Tuner, TuneResult, TunerEvent
+from auturi.tuner.offline import Tuner
+from auturi.tuner.online import OnlineTuner
+from auturi.tuner.result import TuneError, TuneResult, TunerEvent
 
 __all__ = [
     "GridStrategy",

@@ -1,5 +1,8 @@
 """The measurement protocol every strategy shares, and the :class:`Trial` it produces.
 
+Over 400 lines on purpose: the trial record, its interval statistics and the protocols
+that fill it (one config, interleaved rounds, sample by sample online) are one vocabulary.
+
 One trial of a config:
 
 1. ``executor.reconfigure(config)``, timed and reported apart from throughput;
@@ -139,6 +142,10 @@ class Trial:
     """Seconds since tuning began when this trial began."""
     seconds: float = 0.0
     """Wall seconds the trial took, reconfigure and warm-up included."""
+    reconfigure: dict[str, Any] | None = None
+    """What the executor reported of the reconfigure into this config (its
+    ``last_reconfigure``: seconds, processes kept/started/ended, envs moved/recreated), when
+    it reports one."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -204,6 +211,7 @@ class Trial:
             "half_width": _num(self.half_width), "n": self.n, "samples": list(self.samples),
             "warmup": list(self.warmup), "reconfigure_seconds": self.reconfigure_seconds,
             "predicted": _num(self.predicted), "started": self.started, "seconds": self.seconds,
+            **({"reconfigure": dict(self.reconfigure)} if self.reconfigure else {}),
         }
 
     @classmethod
@@ -212,7 +220,7 @@ class Trial:
                    warmup=list(d.get("warmup", [])), reconfigure_seconds=d.get("reconfigure_seconds", 0.0),
                    status=d.get("status", "ok"), stop_reason=d.get("stop_reason", ""), error=d.get("error"),
                    source=d.get("source", ""), predicted=d.get("predicted"), started=d.get("started", 0.0),
-                   seconds=d.get("seconds", 0.0))
+                   seconds=d.get("seconds", 0.0), reconfigure=d.get("reconfigure"))
 
     def interval_text(self) -> str:
         """``"[low, high] 94%"``, or ``""`` without an interval."""

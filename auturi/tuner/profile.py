@@ -33,6 +33,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -44,6 +45,8 @@ from typing import Any
 import numpy as np
 
 from auturi.config import Config
+from auturi.executor.layout import plan_layout
+from auturi.resources import usable_cores
 
 DEFAULT_IPC_SECONDS = 60e-6
 """Round trip to a worker process before any measurement: a semaphore wake-up on a busy
@@ -156,6 +159,14 @@ def _interp(pts: list[tuple[int, float]], x: int) -> float:
 
 
 # ---------------------------------------------------------------------------- the model
+@functools.lru_cache(maxsize=4096)
+def busy_processes(config: Config) -> int:
+    """Processes that step envs or run a policy during a collect, as the layout plan counts
+    them (:attr:`~auturi.executor.layout.LayoutPlan.busy_processes`); cached, because the
+    model's fit predicts every config many times."""
+    return plan_layout(config, cores=(0,)).busy_processes  # the count does not depend on the cores
+
+
 def predict(config: Config, prof: Profile) -> float:
     """Predicted env steps per second of ``config`` (see the module docstring)."""
     A, E, D, P, B = (config.num_actors, config.envs_per_actor, config.env_parallel_degree,
@@ -170,7 +181,7 @@ def predict(config: Config, prof: Profile) -> float:
         return A * E / (A * row) if row > 0 else math.inf
 
     # The actor's own process steps one env share; degree - 1 env workers step the rest.
-    busy = A * (D + (P if P > 1 else 0))
+    busy = busy_processes(config)
     # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
     ipc = prof.ipc_seconds * (1.0 + max(0, busy - prof.cores) / prof.cores)
     m = E // D  # envs per env lane
@@ -254,8 +265,6 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
     Raises:
         TypeError: ``executor`` lacks ``env_fns`` / ``policy`` (pass ``Profile`` yourself).
     """
-    from auturi.tuner.space import usable_cores
-
     env_fns = getattr(executor, "env_fns", None)
     policy = getattr(executor, "policy", None)
     if not env_fns or policy is None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from auturi.config import Config
+from auturi.resources import cuda_device_count as _cuda_device_count  # a module name tests patch
+from auturi.resources import usable_cores
 
 if TYPE_CHECKING:
     from auturi.executor.ray_backend import ClusterResources
@@ -49,24 +50,6 @@ def divisors(n: int) -> list[int]:
     """Sorted divisors of ``n`` (``n >= 1``)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _cuda_device_count() -> int:
-    # Imported here: building a space for a CPU-only workload should not need torch
-    # initialised, and env workers never build spaces.
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def available_devices() -> list[str]:

@@ -1,0 +1,420 @@
+"""Online tuning (:class:`OnlineTuner`): inside training, every collect is the real collect
+the learner gets back and one sample for the trial of the config it ran under.
+
+Over 400 lines on purpose: one state machine (confirm, explore, paused, locked, research)
+whose phases hand over to each other; split, each half would need the other's state.
+
+What one training run pays for the search, and how it is kept small:
+
+- a cached choice for this machine and workload runs from the first collect (the executor
+  is reconfigured before it) and is only confirmed, never re-searched;
+- otherwise the start layout's first collects (usually the serial one: the layout plain
+  training runs anyway) are the model's profile (:mod:`auturi.tuner.rollout_profile`), and
+  the next trial is the predicted best; after it only configs the prediction cannot
+  separate from the best measured one are tried (:meth:`ModelStrategy.propose_close`);
+- a trial whose first measured sample is clearly slower than the best stops there;
+- the search's cost (reconfigures, and each search collect's time beyond what the best
+  config so far would have taken) is held under ``search_share`` of the wall time by
+  pausing on the best config, so a short run loses at most a few percent and a long one
+  finishes the search and locks in;
+- the lock-in is the fastest measured config, and the start and serial configs are always
+  measured (a confirmed cached choice was measured against them in the run that cached it),
+  so it is never a config measured slower than them.
+
+:meth:`OnlineTuner.first_run_cost` (in the record and in ``status()``) says what it cost:
+collects and estimated seconds spent off the eventual choice.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from auturi.config import Config
+from auturi.errors import AuturiError, ConfigError
+from auturi.tuner.measure import MeasureProtocol, Trial, TrialRecorder, throughput_of
+from auturi.tuner.result import Callback, TuneResult, _cfg, _fmt
+from auturi.tuner.rollout_profile import profile_from_rollouts, profiles_in_process
+from auturi.tuner.session import _Session
+from auturi.tuner.space import SearchSpace
+from auturi.tuner.strategies import Strategy
+
+
+class OnlineTuner(_Session):
+    """Tunes inside training: each :meth:`collect` is one real collect that the learner
+    gets back, and also one sample for the trial of the config it ran under.
+
+    Phases: ``confirm`` (a cached choice runs from the first collect; confirmed within
+    ``confirm_tolerance`` of its cached throughput it is locked in, else the search runs),
+    ``explore`` (the start and serial configs, then the strategy's proposals, one trial after
+    another; a collect right after a reconfigure is a warm-up: its data is used, its
+    throughput is not), ``locked`` (the fastest measured config runs from then on),
+    ``research`` (throughput stayed more than ``drop_fraction`` below the locked figure for
+    ``drop_patience`` collects in a row: the locked config and its neighbours are
+    re-measured and the fastest is locked in), ``paused`` (the search has cost more than
+    ``search_share`` of the training's wall time so far: the fastest config measured so far
+    runs until the share is back under the limit, then the search goes on).
+
+    Args:
+        executor: the training's executor; this object never collects more than asked.
+        strategy, budget_trials, budget_seconds, space, devices, cores, cache, callback,
+            seed, strategy_kwargs, workload: as for :class:`Tuner` (``budget_seconds`` counts
+            wall time since the first collect, training time included).
+        rel_half_width, min_samples, max_samples, warmup_collects: the protocol per trial.
+        drop_fraction, drop_patience: what counts as a sustained drop.
+        max_research_trials: configs a re-search measures (the locked one included).
+        search_share: the most of the wall time since the first collect that the search may
+            cost (None: no limit, the search runs its budget back to back).
+        slower_margin: a search trial stops after its first measured samples when all of them
+            are more than this fraction below the best measured config's figure.
+        confirm_tolerance: a cached choice is confirmed when it measures within this
+            fraction of its cached throughput.
+        profile_from_rollouts: the model's profile comes from the start layout's collects
+            when that layout is in-process (False: profile the executor, as offline).
+    """
+
+    mode = "online"
+
+    def __init__(self, executor: Any, strategy: str | Strategy = "model", *, budget_trials: int | None = 6,
+                 budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
+                 max_samples: int = 5, warmup_collects: int = 1, drop_fraction: float = 0.15,
+                 drop_patience: int = 3, max_research_trials: int = 6, space: SearchSpace | None = None,
+                 devices: Sequence[str] | None = None, cores: int | None = None, cache: Any = None,
+                 callback: Callback | None = None, seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
+                 workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
+                 search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
+                 profile_from_rollouts: bool = True):
+        if search_share is not None and not 0 < search_share <= 1:
+            raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
+        if not 0 < drop_fraction < 1:
+            raise ValueError(f"drop_fraction must be in (0, 1), got {drop_fraction}")
+        if drop_patience < 1:
+            raise ValueError(f"drop_patience must be >= 1, got {drop_patience}")
+        if not 0 <= slower_margin < 1:
+            raise ValueError(f"slower_margin must be in [0, 1), got {slower_margin}")
+        protocol = MeasureProtocol(rel_half_width=rel_half_width, min_samples=min_samples, max_samples=max_samples,
+                                   max_seconds=None, warmup_collects=warmup_collects)
+        super().__init__(strategy, budget_trials=budget_trials, budget_seconds=budget_seconds, protocol=protocol,
+                         space=space, devices=devices, cores=cores, cache=cache, callback=callback, seed=seed,
+                         strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
+        self.executor = executor
+        self.drop_fraction, self.drop_patience = drop_fraction, drop_patience
+        self.max_research_trials = max_research_trials
+        self.search_share, self.slower_margin = search_share, slower_margin
+        self.confirm_tolerance = confirm_tolerance
+        self.profile_from_rollouts = profile_from_rollouts
+        self.start_config: Config = executor.config
+        self.locked: Trial | None = None
+        self.reference: float | None = None
+        self.collects = 0
+        self.researches = 0
+        self.search_cost = 0.0  # seconds the search has cost so far (see the module docstring)
+        self.profile_source: str | None = None  # "rollouts" or "executor", once profiled
+        self.reconfigures: list[dict[str, Any]] = []  # one per reconfigure this tuner made
+        self.locked_at_collect: int | None = None
+        self._log: list[tuple[Config, float, int]] = []  # (config, seconds, steps) per collect
+        self._profile_stats: list[Any] = []  # stats of measured in-process collects
+        self._rec: TrialRecorder | None = None
+        self._queue: list[tuple[Config, str]] = []
+        self._drops = 0
+        self._fresh = False  # the collect after a lock-in reconfigure is not monitored
+        self._num_steps = 0
+        self._research_trials: list[Trial] = []
+        self._saved = False
+        self._paused_from: str | None = None
+
+    @property
+    def locked_config(self) -> Config | None:
+        return self.locked.config if self.locked else None
+
+    def collect(self, num_steps: int) -> Any:
+        """One collect under the current config; returns its rollout, always."""
+        if self.t0 is None:
+            self._begin(num_steps)
+        self._num_steps = num_steps
+        config = self.executor.config
+        c0 = self.clock()
+        rollout = self.executor.collect(num_steps)
+        seconds = self.clock() - c0
+        steps = num_steps * self.executor.num_envs
+        sps = throughput_of(rollout, seconds, steps)
+        self.collects += 1
+        self._log.append((config, seconds, steps))
+        if self.phase in ("explore", "research", "confirm"):
+            rec = self._rec
+            if rec is not None and rec.warmup_left == 0 and profiles_in_process(config):
+                self._profile_stats.append(getattr(rollout, "stats", None))
+            best = self.best()
+            if self.phase != "confirm" and best is not None and best.estimate:
+                self.search_cost += max(0.0, seconds - steps / best.estimate)
+            self._feed(sps)
+        elif self.phase == "locked":
+            self._monitor(sps)
+        elif self.phase == "paused" and not self._over_share():
+            self._set_phase(self._paused_from or "explore")
+            self._advance()
+        return rollout
+
+    # -- reconfigures
+    def _reconfigure(self, config: Config) -> tuple[float, dict[str, Any] | None]:
+        """Reconfigure the executor; its seconds count as search cost. Returns them and the
+        executor's report of what it kept and restarted (``last_reconfigure``), if any."""
+        secs = float(self.executor.reconfigure(config) or 0.0)
+        info = getattr(self.executor, "last_reconfigure", None)
+        info = dict(info) if isinstance(info, Mapping) else None
+        if info is not None and not secs:
+            secs = float(info.get("seconds") or 0.0)
+        self.search_cost += secs
+        self.reconfigures.append({"to": config.to_dict(), "at_collect": self.collects, "seconds": secs,
+                                  **({"executor": info} if info else {})})
+        return secs, info
+
+    # -- the start
+    def _begin(self, num_steps: int) -> None:
+        self._setup(self.executor, num_steps)
+        self._num_steps = num_steps
+        if self.cached:
+            self._set_phase("confirm")
+            if self._start_trial(self.cached[0], "cache"):
+                return  # runs from the first collect; the search waits for its verdict
+        self._queue_baselines()
+        self._set_phase("explore")
+        self._advance()
+
+    def _queue_baselines(self) -> None:
+        """The start config, then serial when it is another one (it usually is the start)."""
+        n = self.executor.num_envs
+        tried = {t.config for t in self.history}
+        for c, src in ((self.start_config, "start"), (Config.serial(n), "serial")):
+            if c not in tried and all(c != q for q, _ in self._queue):
+                self._queue.append((c, src))
+
+    def _cache_verdict(self, trial: Trial) -> None:
+        """After the cached choice's trial: lock it in when it measured close to its cached
+        throughput, else search (start and serial first)."""
+        assert self.cached is not None
+        cached_sps = self.cached[1]
+        if trial.ok and (cached_sps is None or trial.estimate >= (1 - self.confirm_tolerance) * cached_sps):
+            self._saved = True  # the cached record stays: it holds the search that found this choice
+            self._lock(trial)
+            return
+        self._emit("phase", trial, trial.estimate if trial.ok else None,
+                   f"cached choice {trial.config} measured {_fmt(trial.estimate)} steps/s, not within "
+                   f"{self.confirm_tolerance:.0%} of its cached {_fmt(cached_sps or math.nan)}: searching")
+        self._queue_baselines()
+        self._set_phase("explore")
+        self._advance()
+
+    # -- the model's profile
+    def _prepare_strategy(self, executor: Any, num_steps: int) -> None:
+        """Give the model strategy the profile the start layout's collects measured, when
+        they can (in-process layout, stats present); else it profiles the executor."""
+        if self._prepared:
+            return
+        strat = self.strategy
+        stats = [s for s in self._profile_stats if s is not None]
+        if self.profile_from_rollouts and getattr(strat, "profile", False) is None and stats:
+            assert self.space is not None
+            cfg = next(t.config for t in self.history if t.ok and profiles_in_process(t.config))
+            strat.profile = profile_from_rollouts(  # type: ignore[attr-defined]
+                executor, stats, cfg, num_steps, batch_sizes=self.space.values("policy_batch_size"),
+                devices=self.space.values("policy_device"), cores=self.space.cores)
+            self.profile_source = "rollouts"
+        elif getattr(strat, "profile", False) is None:
+            self.profile_source = "executor"
+        super()._prepare_strategy(executor, num_steps)
+
+    def _next_proposal(self) -> Config | None:
+        close = getattr(self.strategy, "propose_close", None)
+        if close is None:
+            return super()._next_proposal()
+        return close(self.history)
+
+    # -- the search, trial by trial
+    def _over_share(self) -> bool:
+        if self.search_share is None or self.t0 is None:
+            return False
+        return self.search_cost > self.search_share * (self.clock() - self.t0)
+
+    def _pause(self) -> None:
+        """Run the fastest config measured so far until the search is back within its share."""
+        best = self.best(self._research_trials) if self.phase == "research" else None
+        best = best or self.best()
+        assert best is not None
+        if best.config != self.executor.config:
+            self._reconfigure(best.config)
+        self._paused_from = self.phase
+        self._set_phase("paused")
+        self._emit("phase", best, best.estimate,
+                   f"search paused: it cost {self.search_cost:.1f} s, over {self.search_share:.0%} of the "
+                   f"training time; running {best.config} meanwhile")
+
+    def _advance(self) -> None:
+        """Start the next trial, skipping configs the executor refuses; lock in when none is
+        left; pause when the search is over its share of the time."""
+        while True:
+            if self._over_share() and self.best() is not None and (self._queue or not self.budget_spent()):
+                self._pause()
+                return
+            nxt = self._next()
+            if nxt is None:
+                self._lock()
+                return
+            if self._start_trial(*nxt):
+                return
+
+    def _start_trial(self, config: Config, source: str) -> bool:
+        """Reconfigure (unless already there) and start recording; False if refused."""
+        t0 = self.clock()
+        trial = Trial(config=config, source=source, started=t0 - (self.t0 or t0))
+        warm = None
+        if config != self.executor.config:
+            try:
+                trial.reconfigure_seconds, trial.reconfigure = self._reconfigure(config)
+            except ConfigError as e:
+                trial.status, trial.error, trial.exception = "invalid", str(e), e
+                self._record_trial(trial)
+                self._emit("trial_end", trial, None, str(trial))
+                return False
+        elif source == "research":
+            warm = 0  # already running this config: nothing to warm up
+        self.current = trial
+        self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock,
+                                  deadline=self.deadline() if self.phase == "explore" else None,
+                                  reference=self._reference(source))
+        self._emit("trial_start", trial, message=str(config))
+        return True
+
+    def _clearly_slower(self, trial: Trial) -> bool:
+        """A search trial whose every measured sample so far is more than ``slower_margin``
+        below the best measured figure: the sequential early stop (one sample suffices)."""
+        if trial.source != "online" or not trial.samples:
+            return False
+        best = self.best()
+        return best is not None and max(trial.samples) < (1 - self.slower_margin) * best.estimate
+
+    def _feed(self, sps: float) -> None:
+        rec = self._rec
+        assert rec is not None
+        was_warmup = rec.warmup_left > 0
+        done = rec.add(sps)
+        if not was_warmup:
+            self._emit("sample", rec.trial, sps)
+        if not done and self._clearly_slower(rec.trial):
+            rec.finish("slower")
+            done = True
+        if not done:
+            return
+        t = rec.trial
+        self._record_trial(t)
+        if self.phase == "research":
+            self._research_trials.append(t)
+        self.current, self._rec = None, None
+        self._emit("trial_end", t, t.estimate if t.ok else None, str(t))
+        if self.phase == "confirm":
+            self._cache_verdict(t)
+        else:
+            self._advance()
+
+    def _next(self) -> tuple[Config, str] | None:
+        if self._queue:
+            return self._queue.pop(0)
+        if self.phase == "research" or self.budget_spent():
+            return None
+        self._prepare_strategy(self.executor, self._num_steps)
+        self.phase = "explore"
+        c = self._next_proposal()
+        return (c, "online") if c is not None else None
+
+    def _lock(self, best: Trial | None = None) -> None:
+        if best is None:
+            pool = self._research_trials if self.phase == "research" else self.history
+            best = self.best(pool) or self.best()
+        assert best is not None, "no config was measured"
+        if best.config != self.executor.config:
+            self._reconfigure(best.config)
+            self._fresh = True
+        self.locked, self.reference, self.choice = best, best.estimate, best
+        self.locked_at_collect = self.collects if self.locked_at_collect is None else self.locked_at_collect
+        self._drops = 0
+        self._research_trials = []
+        self._set_phase("locked")
+        self._emit("locked", best, best.estimate, f"locked in {best.config} at {_fmt(best.estimate)} steps/s")
+        self._save()
+
+    def _monitor(self, sps: float) -> None:
+        if self._fresh:  # right after the lock-in reconfigure: a warm-up, not a drop
+            self._fresh = False
+            return
+        assert self.reference is not None and self.locked is not None
+        self._drops = self._drops + 1 if sps < (1 - self.drop_fraction) * self.reference else 0
+        if self._drops < self.drop_patience:
+            return
+        self._emit("drop", self.locked, sps,
+                   f"throughput {_fmt(sps)} < {1 - self.drop_fraction:.0%} of {_fmt(self.reference)} for "
+                   f"{self._drops} collects: re-searching around {self.locked.config}")
+        self.researches += 1
+        locked = self.locked.config
+        assert self.space is not None
+        near = self.space.neighbours(locked)
+        if self._prepared:
+            near.sort(key=lambda c: -(self.strategy.predicted(c) or 0.0))
+        self._queue = [(locked, "research")] + [(c, "research") for c in near[:max(0, self.max_research_trials - 1)]]
+        self._research_trials = []
+        self._set_phase("research")
+        self._advance()
+
+    # -- what it cost
+    def first_run_cost(self) -> dict[str, Any]:
+        """What this run spent off the eventual choice (the locked config, or the best so
+        far): ``collects_off_choice``, ``seconds_off_choice`` (for each such collect, its time
+        minus what the choice's measured rate would have taken: an estimate, negative when
+        those collects happened to be faster), ``reconfigure_seconds`` (all of this tuner's
+        reconfigures), and the totals they compare with."""
+        choice = self.locked or self.best()
+        total = sum(s for _, s, _ in self._log)
+        reconf = sum(r["seconds"] for r in self.reconfigures)
+        out: dict[str, Any] = {"collects": len(self._log), "collect_seconds": total,
+                               "reconfigure_seconds": reconf, "reconfigures": len(self.reconfigures),
+                               "collects_to_lock": self.locked_at_collect,
+                               "collects_off_choice": None, "seconds_off_choice": None}
+        if choice is not None and choice.estimate > 0 and math.isfinite(choice.estimate):
+            off = [(s, n) for c, s, n in self._log if c != choice.config]
+            out["collects_off_choice"] = len(off)
+            out["seconds_off_choice"] = sum(s - n / choice.estimate for s, n in off)
+        return out
+
+    def _save(self) -> None:
+        if self.cache is None or self._saved:
+            return
+        self.cache.store(self.result().to_record())
+        self._saved = True
+
+    def result(self) -> TuneResult:
+        """What was measured so far, as a :class:`TuneResult` (choice: the locked config,
+        or the best measured one while exploring)."""
+        best = self.locked or self.best()
+        if best is None:
+            raise AuturiError("no trial has finished yet: call collect() a few more times")
+        return TuneResult(
+            choice=best.config, reason=(f"online: locked in at {_fmt(best.estimate)} steps/s" if self.locked
+                                        else f"online: best so far at {_fmt(best.estimate)} steps/s"),
+            trials=list(self.history), final=[], start=self.start_config, num_steps=self._num_steps,
+            strategy=self.strategy.info() if self._prepared else {"name": self.strategy.name},
+            space=self.space.sizes() if self.space else {}, protocol=self.protocol.to_dict(),
+            budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "search_share": self.search_share},
+            hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
+            profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
+            online={"first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
+                    "profile_source": self.profile_source, "reconfigures": list(self.reconfigures)})
+
+    def status(self) -> dict[str, Any]:
+        s = super().status()
+        s.update({"collects": self.collects, "locked_config": _cfg(self.locked_config),
+                  "reference_throughput": self.reference, "researches": self.researches,
+                  "consecutive_drops": self._drops, "search_cost_seconds": self.search_cost,
+                  "search_share": self.search_share, "profile_source": self.profile_source,
+                  "first_run": self.first_run_cost(),
+                  "last_reconfigure": self.reconfigures[-1] if self.reconfigures else None})
+        return s
