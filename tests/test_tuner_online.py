@@ -369,3 +369,21 @@ def test_the_lock_in_is_never_slower_than_start_or_serial(start):
     assert {t.config for t in base} == {start, Config.serial(N16)}
     assert online.locked.estimate >= max(t.estimate for t in base)
     assert online.locked_config == Config.serial(N16)
+
+
+def test_on_a_real_executor_the_profile_comes_from_its_rollouts():
+    """The serial backend's collect stats and its env/policy give the model its profile,
+    at every batch size of the space, without profile_executor's stepping."""
+    import gymnasium as gym
+
+    import auturi
+    from auturi.envs import CountingEnv
+
+    with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4, backend="serial") as ex:
+        online = OnlineTuner(ex, cache=False)
+        for _ in range(12):
+            online.collect(16)
+        assert online.profile_source == "rollouts"
+        prof = online.strategy.profile
+        assert set(prof.policy_seconds["cpu"]) == set(online.space.values("policy_batch_size"))
+        assert prof.env_step_seconds > 0 and online.history[0].source == "start"
