@@ -262,6 +262,32 @@ def test_vecnormalize_rewards_exact_and_obs_stats(one_thread):
     assert_acted_on_stored(got)  # the buffer holds exactly what the policy acted on
 
 
+def test_vecnormalize_obs_with_policy_out_of_process(one_thread):
+    """VecNormalize(norm_obs=True) with the policy in other processes (two actors; policy
+    workers), as the online tuner often picks: the buffer holds the observations normalised
+    as the replicas saw them (the stored values and log-probs are what the learner's policy
+    gives for them) and equals the serial layout's (deterministic acting). The replay used to
+    normalise with the statistics of wrap time whenever no replica ran in this process."""
+    layouts = [Config.serial(2), Config(num_actors=2, envs_per_actor=1),
+               Config(num_actors=1, envs_per_actor=2, policies_per_actor=2, policy_batch_size=1)]
+    results = []
+    for cfg in layouts:
+        venv = VecNormalize(cartpole(2, max_episode_steps=15, seed=3), gamma=0.9)
+        model = PPO("MlpPolicy", venv, n_steps=16, seed=3, device="cpu", n_epochs=1, gamma=0.9)
+        wrap_sb3(model, config=cfg, tune=False, deterministic=True)
+        try:
+            bufs = learn_snapshots(model, 16 * 2 * 3)
+        finally:
+            unwrap_sb3(model)
+        assert_acted_on_stored(bufs)
+        results.append((bufs, venv.obs_rms.mean.copy(), venv.obs_rms.count))
+    ref, ref_mean, ref_count = results[0]
+    for (bufs, mean, count), cfg in zip(results[1:], layouts[1:]):
+        assert_same_buffer(ref, bufs, exact_floats=False)
+        np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, err_msg=str(cfg))
+        assert count == ref_count
+
+
 # ------------------------------------------------------------------ (a) every config, same buffer
 def test_buffer_identical_across_configs(one_thread):
     """Stochastic policy, fixed seed: serial, env workers, actor processes and policy

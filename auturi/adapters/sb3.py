@@ -367,15 +367,15 @@ class SB3PolicyAdapter:
     def load_state(self, state: Mapping[str, Any]) -> None:
         import torch
 
-        weights = {}
-        for k, v in state.items():
-            if k == _STATE_PREFIX + "obs_mean":
-                self._obs_mean = np.array(v, dtype=np.float64)
-            elif k == _STATE_PREFIX + "obs_var":
-                self._obs_var = np.array(v, dtype=np.float64)
-            else:
-                weights[k] = torch.as_tensor(np.asarray(v))
-        self.net.load_state_dict(weights)
+        self.load_obs_stats(state)
+        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()
+                                  if not k.startswith(_STATE_PREFIX)})
+
+    def load_obs_stats(self, state: Mapping[str, Any]) -> None:
+        """Take the VecNormalize statistics of ``state`` (if it has them), not its weights."""
+        if _STATE_PREFIX + "obs_mean" in state:
+            self._obs_mean = np.array(state[_STATE_PREFIX + "obs_mean"], dtype=np.float64)
+            self._obs_var = np.array(state[_STATE_PREFIX + "obs_var"], dtype=np.float64)
 
     def normalize_obs(self, obs: np.ndarray) -> np.ndarray:
         """VecNormalize's ``normalize_obs`` with the shipped statistics (identity without)."""
@@ -640,7 +640,14 @@ class SB3Handle:
         return state
 
     def collect(self, model: Any, num_steps: int) -> Any:
-        self.executor.set_policy_state(self.state(model))
+        state = self.state(model)
+        self.executor.set_policy_state(state)
+        # The replay normalises the observations with self.adapter's statistics: they must be
+        # the ones the replicas act with in this rollout. The executor loads the state into
+        # this object only when the layout runs the policy in this process; with replicas
+        # elsewhere (two actors, policy workers) it kept the statistics of wrap time, and the
+        # buffer got observations normalised otherwise than the policy had seen them.
+        self.adapter.load_obs_stats(state)
         rollout = (self.tuner if self.tuner is not None else self.executor).collect(num_steps)
         self.collects += 1
         self.last_stats = rollout.stats
