@@ -4,7 +4,7 @@ and run it without changing what the learner receives.
 Importing ``auturi`` does not import torch (env workers import this package).
 """
 from auturi.config import Config
-from auturi.errors import AuturiError, ConfigError, WorkerError
+from auturi.errors import AuturiError, ConfigError, EnvCheckError, WorkerError
 from auturi.executor import Executor, make_executor
 from auturi.policy import ConstantPolicy, Policy, RandomPolicy, TorchPolicy
 from auturi.rollout import CollectStats, Rollout
@@ -51,7 +51,7 @@ def unwrap(obj):
     return unwrap_sb3(obj)
 
 __all__ = [
-    "Config", "AuturiError", "ConfigError", "WorkerError", "Executor", "make_executor", "Policy",
+    "Config", "AuturiError", "ConfigError", "EnvCheckError", "WorkerError", "Executor", "make_executor", "Policy",
     "ConstantPolicy", "RandomPolicy", "TorchPolicy", "Rollout", "CollectStats", "Tuner", "OnlineTuner",
     "TuneResult", "SearchSpace", "build_space", "wrap", "unwrap", "__version__",
 ]

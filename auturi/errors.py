@@ -16,6 +16,11 @@ class ConfigError(AuturiError, ValueError):
         super().__init__(f"{knob}={value!r} is invalid: {rule}")
 
 
+class EnvCheckError(AuturiError, TypeError):
+    """An env returned something that breaks gymnasium's API or its declared spaces: the
+    message names the env index, the space, what was returned and how to fix it."""
+
+
 class WorkerError(AuturiError, RuntimeError):
     """A worker process failed (raised, was killed by a signal, or made no progress for
     longer than the executor's ``worker_timeout``).

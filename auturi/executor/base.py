@@ -26,7 +26,7 @@ from auturi.config import Config
 from auturi.envs import EnvLike, resolve_env_fns
 from auturi.errors import AuturiError, ConfigError
 from auturi.executor.buffers import ArrayBlock
-from auturi.executor.spec import WorkloadSpec, probe_spec
+from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
 from auturi.policy import Policy
 from auturi.rollout import CollectStats, Rollout
 
@@ -94,7 +94,7 @@ class Executor(abc.ABC):
         self.last_reconfigure_seconds = 0.0
         probe_env = self.env_fns[0]()
         try:
-            obs, _ = probe_env.reset(seed=self.seed)
+            obs = probe_reset(probe_env, self.seed)
             self.spec: WorkloadSpec = probe_spec(probe_env.observation_space, probe_env.action_space, policy, obs)
         finally:
             probe_env.close()

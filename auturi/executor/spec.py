@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.errors import AuturiError
+from auturi.errors import EnvCheckError
 from auturi.policy import Policy
 
 
@@ -91,11 +91,6 @@ OLD_API_FIX = (
     "Adapt the env with shimmy (gymnasium 1.x has no apply_api_compatibility): pip install \"shimmy[gym-v21]\", "
     "then env=lambda: gymnasium.make(\"GymV21Environment-v0\", env=YourEnv()); or change its reset and step "
     "(gymnasium.utils.step_api_compatibility.convert_to_terminated_truncated_step_api converts one step's result).")
-
-
-class EnvCheckError(AuturiError, TypeError):
-    """An env returned something that breaks gymnasium's API or its declared spaces: the
-    message names the env index, the space, what was returned and how to fix it."""
 
 
 def _describe(x: Any) -> str:
