@@ -79,6 +79,17 @@ class Config:
         if not isinstance(self.policy_device, str) or not _DEVICE_RE.match(self.policy_device):
             raise ConfigError("policy_device", self.policy_device, "must be 'cpu', 'cuda' or 'cuda:k'")
 
+    # ----------------------------------------------------------------- knobs
+    @classmethod
+    def knob_names(cls) -> tuple[str, ...]:
+        """The six knobs, in declaration order: the one list the CLI, the tuner's space and
+        strategies and the status server read.
+
+        >>> Config.knob_names()[:2]
+        ('num_actors', 'envs_per_actor')
+        """
+        return tuple(f.name for f in dataclasses.fields(cls))
+
     # ----------------------------------------------------------------- derived
     @property
     def num_envs(self) -> int:

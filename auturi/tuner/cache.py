@@ -202,14 +202,14 @@ _RECORD_FIELDS = {
     "mode": "str", "hardware": "dict", "workload": "dict", "strategy": "dict", "space": "dict",
     "protocol": "dict", "budget": "dict", "num_steps": "int", "start": "config", "cache_hit": "bool",
     "seconds": "num", "profile_seconds": "num", "startup": "startup", "trials": "trials", "final": "trials",
-    "choice": "choice",
+    "choice": "choice", "online": "dict?",
 }
 _CHOICE_FIELDS = {"config": "config", "throughput": "num?", "why": "str"}
 _STARTUP_FIELDS = {"before_tune_seconds": "num?", "tune_setup_seconds": "num?"}
 _TRIAL_FIELDS = {
     "config": "config", "samples": "nums", "warmup": "nums", "reconfigure_seconds": "num", "status": "str",
     "stop_reason": "str", "error": "str?", "source": "str", "predicted": "num?", "started": "num",
-    "seconds": "num",
+    "seconds": "num", "reconfigure": "dict?",
 }
 _OBJECTS = {"choice": _CHOICE_FIELDS, "startup": _STARTUP_FIELDS}
 CACHE_REQUIRED = ("hardware", "workload", "choice.config")
