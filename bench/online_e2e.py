@@ -109,6 +109,7 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
             return True
 
     w = WORKLOADS[workload]
+    load = _loadavg()
     model = _model(w, seed)
     if variant in ("fresh", "warm"):
         model = auturi.wrap(model, env_fn=_env_fn(w))
@@ -120,7 +121,8 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
     seconds = time.perf_counter() - t0
     out: dict[str, Any] = {"workload": workload, "variant": variant, "seed": seed, "timesteps": timesteps,
                            "seconds": seconds, "episodes": len(cb.returns),
-                           "final_return": statistics.fmean(cb.returns[-20:]) if cb.returns else None}
+                           "final_return": statistics.fmean(cb.returns[-20:]) if cb.returns else None,
+                           "loadavg_before": load}
     if variant != "sb3":
         h = model.auturi
         out["layout"] = str(h.executor.config)
@@ -128,7 +130,9 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
         if tuner is not None:
             st = tuner.status()
             out["tuner"] = {k: st.get(k) for k in ("phase", "trials", "collects", "search_cost_seconds",
-                                                   "locked_config", "cache_hit")}
+                                                   "locked_config", "cache_hit", "first_run", "profile_source",
+                                                   "last_reconfigure")}
+            out["tuner"]["reconfigures"] = list(getattr(tuner, "reconfigures", []) or [])
             try:
                 rec = tuner.result().to_record()
                 out["tuner"]["record_keys"] = sorted(rec)
@@ -139,6 +143,15 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
                 out["tuner"]["result"] = str(exc)
         h.close()
     return out
+
+
+def _loadavg() -> float | None:
+    """The 1-minute load average before a run: this machine's neighbours swamp ratios when it is high."""
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except OSError:
+        return None
 
 
 def offline_choice(workload: str, seed: int, budget_seconds: float) -> dict:
