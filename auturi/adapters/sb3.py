@@ -817,7 +817,7 @@ def _restart_cut_episodes(model: Any, h: SB3Handle, starts: np.ndarray, raw_obs:
     running discounted return restarts, which carried the old episode's return into the new
     one's reward statistics when missed; the reset observation enters the observation
     statistics), and the count of cut episodes (``auturi/cut_episodes``): they end in no
-    Monitor record, so the episodes logged fall short of plain SB3's by this number."""
+    Monitor record, so the episode statistics miss them (and lean to the shorter episodes)."""
     cut = np.asarray(starts, dtype=bool) & ~np.asarray(model._last_episode_starts, dtype=bool)
     h.cut_episodes += int(cut.sum())
     model.logger.record("auturi/cut_episodes", h.cut_episodes)
