@@ -3,14 +3,13 @@ and run it without changing what the learner receives.
 
 Importing ``auturi`` does not import torch (env workers import this package).
 """
+from auturi._version import __version__
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError, EnvCheckError, WorkerError
 from auturi.executor import Executor, make_executor
 from auturi.policy import ConstantPolicy, Policy, RandomPolicy, TorchPolicy
 from auturi.rollout import CollectStats, Rollout
 from auturi.tuner import OnlineTuner, SearchSpace, Tuner, TuneResult, build_space
-
-__version__ = "0.1.0"
 
 
 def wrap(obj, **kwargs):

@@ -59,6 +59,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
+from auturi._version import __version__
 from auturi.errors import AuturiError
 
 __all__ = ["ServerError", "StatusServer", "StatusSnapshot", "create_app", "is_loopback", "render_metrics"]
@@ -568,7 +569,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
     # What the guard answers before any route runs: every route can get it.
     guard = ({401: "Missing or wrong token"} if token is not None
              else {400: "Host missing or not a loopback name or address"})
-    app = FastAPI(title=title, version=_version(), docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+    app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json",
                   description="Live state of an Auturi tuning run. GET only.", responses=_json_errors(M, guard))
 
     @app.exception_handler(StarletteHTTPException)
@@ -671,15 +672,6 @@ def _document_security(app: Any) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
-
-
-def _version() -> str:
-    try:
-        from auturi import __version__
-
-        return __version__
-    except Exception:  # noqa: BLE001
-        return "0"
 
 
 # ---------------------------------------------------------------------------- metrics

@@ -10,7 +10,7 @@ import pytest
 
 envpool = pytest.importorskip("envpool")
 
-from auturi.adapters.envpool import EnvPoolEnv, EnvPoolRunner, EnvPoolSource, to_int32_seed  # noqa: E402
+from auturi.envs.envpool import EnvPoolEnv, EnvPoolRunner, EnvPoolSource, to_int32_seed  # noqa: E402
 from auturi.envs import env_seed  # noqa: E402
 from auturi.executor.env_runner import EnvRunner  # noqa: E402
 
@@ -321,6 +321,28 @@ def test_num_threads():
 
 
 def test_does_not_import_torch():
-    code = ("import sys, auturi.adapters.envpool as m; m.EnvPoolSource('CartPole-v1').observation_space; "
+    code = ("import sys, auturi.envs.envpool as m; m.EnvPoolSource('CartPole-v1').observation_space; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_source_makes_its_runner():
+    """``make_runner`` (what the executor's make_env_runner asks a source for) gives the
+    EnvPoolRunner's data; a slice of a larger collection is refused, naming the way out."""
+    T, N, seed = 40, 3, 7
+    got = make_arrays(SHORT, T, N)
+    runner = SHORT.make_runner([0, 1, 2], seed, generation=1)
+    assert isinstance(runner, EnvPoolRunner) and runner.generation == 1
+    finals = run_all(runner, got)
+    ref, ref_finals = collect(SHORT, N, T, seed, generation=1)
+    assert_same(got, ref)
+    assert_same_finals(finals, ref_finals)
+    with pytest.raises(NotImplementedError, match="use a gymnasium id"):
+        SHORT.make_runner([0], seed, id_offset=2)
+
+
+def test_the_old_module_name_still_imports_the_same_objects():
+    import auturi.adapters.envpool as old
+
+    assert old.EnvPoolSource is EnvPoolSource and old.EnvPoolRunner is EnvPoolRunner
+    assert old.to_int32_seed is to_int32_seed and old.EnvPoolEnv is EnvPoolEnv

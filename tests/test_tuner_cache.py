@@ -64,7 +64,7 @@ def test_workload_fingerprint_is_stable_and_tells_workloads_apart():
             auturi.make_executor(CountingEnv, policy, 2, backend="serial") as c:
         fa = workload_fingerprint(a, 16)
         assert fa == workload_fingerprint(b, 16)  # the seed does not change the best layout
-        assert fa["env"] == "auturi.envs.CountingEnv" and fa["num_envs"] == 4 and fa["num_steps"] == 16
+        assert fa["env"] == "auturi.envs.testing.CountingEnv" and fa["num_envs"] == 4 and fa["num_steps"] == 16
         assert fa["policy"]["class"] == "auturi.policy.RandomPolicy"
         assert "Discrete(3)" in fa["action_space"] and "Box" in fa["observation_space"]
         assert fa != workload_fingerprint(c, 16)
@@ -74,9 +74,9 @@ def test_workload_fingerprint_is_stable_and_tells_workloads_apart():
 
 
 def test_describe_callable_has_no_addresses():
-    assert describe_callable(CountingEnv) == "auturi.envs.CountingEnv"
+    assert describe_callable(CountingEnv) == "auturi.envs.testing.CountingEnv"
     d = describe_callable(functools.partial(CountingEnv, max_len=5))
-    assert d == "auturi.envs.CountingEnv(max_len=5)"
+    assert d == "auturi.envs.testing.CountingEnv(max_len=5)"
     assert " at 0x" not in describe_callable(lambda: None)
 
     class Maker:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auturi._version import __version__
 from auturi.config import Config
 from auturi.errors import AuturiError
 from auturi.tuner.cache import RECORD_SCHEMA, fingerprint_key, load_record, save_record
@@ -135,8 +136,6 @@ class TuneResult:
 
     def to_record(self) -> dict[str, Any]:
         """The JSON results record (see :mod:`auturi.tuner.cache`)."""
-        from auturi import __version__
-
         ct = self.choice_trial
 
         def num(x: float | None) -> float | None:

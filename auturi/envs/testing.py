@@ -1,83 +1,19 @@
-"""Where envs come from, and the test envs that stand in for real simulators.
+"""Test envs that stand in for real simulators, and their gymnasium ids ``auturi/<Name>-v0``.
 
-An executor takes ``env`` as a gymnasium id (``"CartPole-v1"``), an EnvPool id
-(``"envpool:Pong-v5"``), one ``Callable[[], gymnasium.Env]`` used for every env, or a list of
-them, one per env. :func:`resolve_env_fns` turns the first, third and fourth into one factory per
-env; factories travel to worker processes with cloudpickle, so lambdas work.
+Deterministic and cheap (:class:`CountingEnv` and its variants), or with a controlled cost
+(:class:`SlowEnv`, :class:`HeavyTailEnv`, :class:`LargeObsEnv`) or fault (:class:`FaultyEnv`).
+Tests, the bench and the docs use them; :mod:`auturi.envs` re-exports them.
 
 This module must not import torch: env workers import it.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
 
-EnvFn = Callable[[], gym.Env]
-EnvLike = Union[str, EnvFn, Sequence[EnvFn]]
-
-ENVPOOL_PREFIX = "envpool:"
-
-
-class _MakeById:
-    """A picklable ``gym.make(env_id, **kwargs)``."""
-
-    def __init__(self, env_id: str, kwargs: dict[str, Any]):
-        self.env_id, self.kwargs = env_id, kwargs
-
-    def __call__(self) -> gym.Env:
-        return gym.make(self.env_id, **self.kwargs)
-
-    def __repr__(self) -> str:
-        return f"gym.make({self.env_id!r})"
-
-
-def is_envpool(env: EnvLike) -> bool:
-    return isinstance(env, str) and env.startswith(ENVPOOL_PREFIX)
-
-
-def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> list[EnvFn]:
-    """One factory per env. ``num_envs`` may be None only when ``env`` is a list."""
-    if isinstance(env, str):
-        if is_envpool(env):
-            from auturi.adapters.envpool import EnvPoolSource
-
-            return [EnvPoolSource(env[len(ENVPOOL_PREFIX):], **make_kwargs)] * _need(num_envs)
-        if env not in gym.registry:
-            close = [k for k in gym.registry if k.lower().startswith(env.split("-")[0].lower())][:5]
-            hint = f" Similar ids: {close}." if close else ""
-            raise ValueError(f"unknown gymnasium env id {env!r}.{hint} Register it, import the module "
-                             f"that registers it, or pass a factory: env=lambda: MyEnv().")
-        fns: list[EnvFn] = [_MakeById(env, make_kwargs)] * _need(num_envs)
-    elif callable(env):
-        fns = [env] * _need(num_envs)
-    elif isinstance(env, Sequence) and env and all(callable(f) for f in env):
-        fns = list(env)
-        if num_envs is not None and num_envs != len(fns):
-            raise ValueError(f"num_envs={num_envs} but {len(fns)} env factories were given; pass one per env")
-    else:
-        raise TypeError(f"env must be a gymnasium id, an EnvPool id ('envpool:Pong-v5'), a factory "
-                        f"returning a gymnasium.Env, or a list of them; got {env!r}")
-    return fns
-
-
-def _need(num_envs: int | None) -> int:
-    if num_envs is None or num_envs < 1:
-        raise ValueError("num_envs (>= 1) is required when env is an id or a single factory")
-    return num_envs
-
-
-def env_seed(seed: int, env_index: int, generation: int) -> int:
-    """Seed of env ``env_index``: ``seed + i`` the first time it is made; a fresh, distinct
-    seed each time it is recreated (after a reconfigure moves it) so episodes do not repeat."""
-    if generation == 0:
-        return seed + env_index
-    return int(np.random.SeedSequence([seed, env_index, generation]).generate_state(1)[0])
-
-
-# ---------------------------------------------------------------------------- test envs
 ACTION_SPACES: dict[str, Callable[[], gym.Space]] = {
     "discrete": lambda: gym.spaces.Discrete(3),
     "box": lambda: gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
@@ -241,4 +177,4 @@ class FaultyEnv(CountingEnv):
 for _name, _cls in (("Counting", "CountingEnv"), ("Slow", "SlowEnv"), ("HeavyTail", "HeavyTailEnv"),
                     ("LargeObs", "LargeObsEnv"), ("ActionDtype", "ActionDtypeEnv")):
     if f"auturi/{_name}-v0" not in gym.registry:
-        gym.register(f"auturi/{_name}-v0", entry_point=f"auturi.envs:{_cls}")
+        gym.register(f"auturi/{_name}-v0", entry_point=f"auturi.envs.testing:{_cls}")
