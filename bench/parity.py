@@ -43,10 +43,10 @@ from bench.common import machine_header
 # PPO settings from rl-baselines3-zoo, shortened to fit a 2-core machine; the steps are
 # where plain SB3 is well past a random policy (CartPole ~400+, Acrobot ~-100).
 TASKS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {"n_envs": 8, "normalize": False, "steps": 30_000, "quick_steps": 8_000,
+    "CartPole-v1": {"n_envs": 8, "normalize": False, "steps": 30_000, "quick_steps": 12_000,
                     "ppo": {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
                             "learning_rate": 1e-3, "ent_coef": 0.0}},
-    "Acrobot-v1": {"n_envs": 8, "normalize": True, "steps": 50_000, "quick_steps": 8_000,
+    "Acrobot-v1": {"n_envs": 8, "normalize": True, "steps": 50_000, "quick_steps": 20_000,
                    "ppo": {"n_steps": 256, "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0}},
 }
 KINDS = ("auturi", "sb3")  # the wrapped run first: sb3_cut replays its cuts
