@@ -61,6 +61,7 @@ class Strategy(str, Enum):
 class Backend(str, Enum):
     shm = "shm"
     serial = "serial"
+    ray = "ray"
 
 
 app = typer.Typer(
@@ -252,24 +253,21 @@ def _sb3_policy(path: Path, obs_space: Any, action_space: Any) -> Any:
     return adapter
 
 
-_KNOBS = ("num_actors", "envs_per_actor", "env_parallel_degree", "policies_per_actor", "policy_device",
-          "policy_batch_size")
-
-
 def _parse_start(text: str, num_envs: int) -> Any:
     """``--start num_actors=2,env_parallel_degree=2`` as a Config for ``num_envs`` envs
     (``envs_per_actor`` follows from ``num_actors`` unless given)."""
     from auturi.config import Config
     from auturi.errors import ConfigError
 
+    names = Config.knob_names()
     knobs: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or key not in _KNOBS:
-            _fail(f"--start {text!r}: {part!r} is not KNOB=VALUE with KNOB one of {', '.join(_KNOBS)}")
+        if not sep or key not in names:
+            _fail(f"--start {text!r}: {part!r} is not KNOB=VALUE with KNOB one of {', '.join(names)}")
         if key == "policy_device":
             knobs[key] = value
             continue
@@ -521,8 +519,16 @@ def tune(
     status_linger: Annotated[float, Opt("--status-linger", help="Keep serving this many seconds after tuning "
                                                                 "ends.")] = 0.0,
     json_out: Annotated[bool, Opt("--json", help="Print only the JSON record on stdout.")] = False,
-    backend: Annotated[Backend, Opt("--backend", help="shm (processes, shared memory) or serial (everything in "
-                                                      "this process).")] = Backend.shm,
+    backend: Annotated[Backend, Opt("--backend", help="shm (processes, shared memory), serial (everything in "
+                                                      "this process) or ray (one Ray actor per actor; see "
+                                                      "--address).")] = Backend.shm,
+    address: Annotated[str | None, Opt("--address", help="The Ray cluster for --backend ray: auto, HOST:6379 or "
+                                                         "ray://HOST:10001 (default: $RAY_ADDRESS, else a local "
+                                                         "Ray started for the run).")] = None,
+    worker_timeout: Annotated[float | None, Opt("--worker-timeout", metavar="SECONDS",
+                                                help="A worker that makes no progress this long fails the trial, "
+                                                     "named (default: $AUTURI_WORKER_TIMEOUT, else 60; inf: "
+                                                     "never).")] = None,
     max_trial_seconds: Annotated[float, Opt("--max-trial-seconds", help="Cap on one trial's measuring "
                                                                         "time.")] = DEFAULT_MAX_TRIAL_SECONDS,
     cache: Annotated[bool, Opt("--cache/--no-cache", help="Start from, and store into, the results cache "
@@ -534,7 +540,8 @@ def tune(
                        budget_trials=budget_trials, budget_seconds=budget_seconds, devices=devices, start=start,
                        seed=seed, out=out, status_port=status_port, status_host=status_host, status_token=status_token,
                        status_linger=status_linger, json_out=json_out, backend=backend.value,
-                       max_trial_seconds=max_trial_seconds, cache=cache), debug)
+                       max_trial_seconds=max_trial_seconds, cache=cache,
+                       executor_kwargs=_executor_kwargs(backend.value, address, worker_timeout)), debug)
 
 
 @app.command()
@@ -595,10 +602,26 @@ def _run(fn: Callable[[], None], debug: bool) -> None:
         raise typer.Exit(EXIT_FAILED) from None
 
 
+def _executor_kwargs(backend: str, address: str | None, worker_timeout: float | None) -> dict[str, Any]:
+    """make_executor's keywords from --address and --worker-timeout, checked before any heavy
+    import: a typo or a missing Ray should cost nothing."""
+    if address is not None and backend != "ray":
+        _fail(f"--address {address} is for --backend ray (the Ray cluster to run on); got --backend {backend}")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        _fail('--backend ray needs Ray, which is not installed: pip install "auturi[ray]"')
+    if worker_timeout is not None and not worker_timeout > 0:
+        _fail(f"--worker-timeout must be a number of seconds > 0 (inf: never), got {worker_timeout:g}")
+    kwargs: dict[str, Any] = {} if worker_timeout is None else {"worker_timeout": worker_timeout}
+    if backend == "ray":
+        kwargs["address"] = address
+    return kwargs
+
+
 def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str, budget_trials: int | None,
           budget_seconds: float | None, devices: str | None, start: str | None, seed: int, out: Path | None,
           status_port: int | None, status_host: str, status_token: str | None, status_linger: float,
-          json_out: bool, backend: str, max_trial_seconds: float, cache: bool) -> None:
+          json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
+          executor_kwargs: dict[str, Any]) -> None:
     # -- cheap checks first: a typo should not cost a torch import
     if num_envs < 1:
         _fail(f"--num-envs must be >= 1, got {num_envs}")
@@ -646,7 +669,8 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
     obs_space, act_space = _probe_spaces(env_obj)
     pol, pol_desc = build_policy(policy, obs_space, act_space)
 
-    import auturi
+    from auturi.errors import ConfigError
+    from auturi.executor import make_executor
     from auturi.tuner import Tuner
 
     err = _stderr()
@@ -673,7 +697,8 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                                           f"{budget_seconds:g} s" if budget_seconds else "") if x),
                   markup=False, soft_wrap=True)
     try:
-        with auturi.make_executor(env_obj, pol, num_envs, start_config, backend=backend, seed=seed) as ex:
+        with make_executor(env_obj, pol, num_envs, start_config, backend=backend, seed=seed,
+                           **executor_kwargs) as ex:
             if snapshot is not None:
                 assert status_port is not None
                 server = StatusServer(snapshot, host=status_host, port=status_port, token=status_token or None,
@@ -721,7 +746,7 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                 time.sleep(status_linger)
             except KeyboardInterrupt:
                 pass  # tuning is done: Ctrl-C only ends the linger
-    except auturi.ConfigError as e:
+    except ConfigError as e:
         _fail(str(e))
     finally:
         if server is not None:

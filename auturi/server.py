@@ -236,21 +236,27 @@ def _parse_config_key(key: tuple) -> tuple[dict[str, Any], str] | None:
 
 
 # ---------------------------------------------------------------------------- the app
+def _config_model() -> Any:
+    """One layout as a pydantic model: the knobs :meth:`auturi.Config.knob_names` declares,
+    with Config's types; every integer knob is at least 1."""
+    import typing
+
+    from pydantic import Field, create_model
+
+    from auturi.config import Config
+
+    hints = typing.get_type_hints(Config)
+    fields = {k: (hints[k], Field(ge=1) if hints[k] is int else ...) for k in Config.knob_names()}
+    return create_model("ConfigModel", __doc__="One layout (:class:`auturi.Config`).", **fields)
+
+
 def _models() -> dict[str, Any]:
     """Pydantic models, built on first use so ``import auturi.server`` stays light."""
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
     Num = Annotated[float | None, BeforeValidator(_finite)]
 
-    class ConfigModel(BaseModel):
-        """One layout (:class:`auturi.Config`)."""
-
-        num_actors: int = Field(ge=1)
-        envs_per_actor: int = Field(ge=1)
-        env_parallel_degree: int = Field(ge=1)
-        policies_per_actor: int = Field(ge=1)
-        policy_device: str
-        policy_batch_size: int = Field(ge=1)
+    ConfigModel = _config_model()
 
     class BudgetModel(BaseModel):
         trials: int | None = Field(None, description="Trials allowed (None: the strategy's own stop)")

@@ -3,6 +3,8 @@ the module the ``auturi`` console script runs), in subprocesses, on tiny budgets
 from __future__ import annotations
 
 import ast
+import functools
+import importlib.util
 import json
 import os
 import re
@@ -214,6 +216,8 @@ def _errors_case(tmp: Path) -> list[tuple[list[str], str]]:
         (["tune", "CartPole-v1", "--start", "env_parallel_degree=3"], "env_parallel_degree=3 is invalid"),
         (["tune", "CartPole-v1", "--status-port", "0", "--status-host", "0.0.0.0"], "--status-token"),
         (["show", str(tmp / "missing.json")], "no such file"),
+        (["tune", "CartPole-v1", "--address", "auto"], "--address auto is for --backend ray"),
+        (["tune", "CartPole-v1", "--worker-timeout", "0"], "--worker-timeout must be a number of seconds > 0"),
     ]
     import torch
 
@@ -254,3 +258,27 @@ def test_policy_from_a_saved_sb3_model(tmp_path):
     assert Config.from_dict(rec["choice"]["config"]).num_envs == 2
     assert wrong.returncode == 2 and "the model expects observations" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_worker_timeout_and_address_reach_the_executor(tmp_path):
+    """--worker-timeout is the executor's worker_timeout: it overrides an AUTURI_WORKER_TIMEOUT
+    the executor would refuse; --address is the Ray backend's (an address nobody listens on
+    fails at once, named). Without Ray, --backend ray is one line naming the install."""
+    env = dict(cli_env(tmp_path), AUTURI_WORKER_TIMEOUT="never")
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120, env=env, check=False)
+    bad_env = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY[:2], "--budget-trials", "1"])
+    assert bad_env.returncode == 1 and "worker_timeout must be a number of seconds" in bad_env.stderr, bad_env.stderr
+    ok = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY, "--worker-timeout", "30"])
+    assert ok.returncode == 0, ok.stderr
+    if importlib.util.find_spec("ray") is not None:
+        env.pop("RAY_ADDRESS", None)
+        far = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--backend", "ray",
+                   "--address", "127.0.0.1:1", "--worker-timeout", "30"])
+        assert far.returncode == 1 and "'127.0.0.1:1'" in far.stderr and "ray start --head" in far.stderr, far.stderr
+    no_ray = ("import runpy, sys; sys.modules['ray'] = None; "  # import ray fails, as when not installed
+              "sys.argv = ['auturi', 'tune', 'CartPole-v1', '--backend', 'ray']; "
+              "runpy.run_module('auturi.cli', run_name='__main__')")
+    out = run([sys.executable, "-c", no_ray])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and lines == ['auturi: error: --backend ray needs Ray, which is not installed: '
+                                             'pip install "auturi[ray]"'], out.stderr

@@ -439,3 +439,18 @@ def test_status_snapshot_feeds_from_events():
     s = snap.status()
     assert s["phase"] == "search" and s["throughput_now"] == 1234.0
     json.dumps(s)
+
+
+def test_the_config_schema_is_configs_knobs_and_the_version_is_the_packages():
+    """The API's config model is built from Config.knob_names() (with Config's types, integer
+    knobs >= 1), and the app reports auturi's version."""
+    from pydantic import ValidationError
+
+    from auturi.server import _models, create_app
+
+    model = _models()["ConfigModel"]
+    assert tuple(model.model_fields) == Config.knob_names()
+    assert model(**Config(num_actors=2, envs_per_actor=2).to_dict()).num_actors == 2
+    with pytest.raises(ValidationError):
+        model(**{**Config().to_dict(), "env_parallel_degree": 0})
+    assert create_app(StatusSnapshot()).openapi()["info"]["version"] == auturi.__version__

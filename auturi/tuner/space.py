@@ -42,6 +42,9 @@ MAX_PROCESSES_PER_CORE = 4
 #: CUDA replicas per GPU beyond which a config is pruned: each holds its own CUDA context
 #: (hundreds of MB of GPU memory) and kernels from many processes only time-slice.
 MAX_CUDA_REPLICAS = 8
+#: The knobs that split one actor's envs (each a divisor of envs_per_actor): all but the
+#: actor count, the envs per actor and the device, in Config's order.
+SHARE_KNOBS = tuple(k for k in Config.knob_names() if k not in ("num_actors", "envs_per_actor", "policy_device"))
 
 Pruned = tuple[Config | dict, str]
 
@@ -147,9 +150,8 @@ class SearchSpace:
         actor count with the other knobs kept at the same share of an actor's envs."""
         out: list[Config] = []
         same_actor = [c for c in self.configs if c.num_actors == config.num_actors and c.num_envs == config.num_envs]
-        for knob in ("env_parallel_degree", "policies_per_actor", "policy_batch_size"):
-            others = [k for k in ("env_parallel_degree", "policies_per_actor", "policy_batch_size", "policy_device")
-                      if k != knob]
+        for knob in SHARE_KNOBS:
+            others = [k for k in (*SHARE_KNOBS, "policy_device") if k != knob]
             key = operator.attrgetter(knob)
             line = sorted((c for c in same_actor if all(getattr(c, k) == getattr(config, k) for k in others)),
                           key=key)
@@ -182,7 +184,7 @@ def _adjacent(line: list[Config], config: Config, key) -> list[Config]:
 def _shape_distance(a: Config, b: Config) -> float:
     """How differently two configs split an actor, as shares of its envs (log2 units)."""
     d = 0.0
-    for knob in ("env_parallel_degree", "policies_per_actor", "policy_batch_size"):
+    for knob in SHARE_KNOBS:
         d += abs(math.log2(getattr(a, knob) / a.envs_per_actor) - math.log2(getattr(b, knob) / b.envs_per_actor))
     return d + (4.0 if a.policy_device != b.policy_device else 0.0)
 

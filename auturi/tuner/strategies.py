@@ -38,7 +38,9 @@ from auturi.tuner.measure import Trial
 from auturi.tuner.profile import Profile, fit_overheads, predict, profile_executor
 from auturi.tuner.space import SearchSpace
 
-KNOBS = ("num_actors", "env_parallel_degree", "policies_per_actor", "policy_batch_size", "policy_device")
+# The knobs a strategy moves: all but envs_per_actor, which num_actors and the workload's
+# num_envs fix.
+KNOBS = tuple(k for k in Config.knob_names() if k != "envs_per_actor")
 
 
 class Strategy:
