@@ -140,14 +140,6 @@ class AuturiRunner:
         self.ex.close()
 
 
-def workload_env_fn(workload: Any) -> Callable[[], Any]:
-    """A zero-argument factory of one gymnasium env of ``workload`` (an EnvPool id becomes a
-    one-env :class:`auturi.adapters.envpool.EnvPoolEnv`), for the gymnasium/SB3 peers."""
-    from auturi.envs import resolve_env_fns
-
-    return resolve_env_fns(workload.make_env(), 1)[0]
-
-
 def peer_unavailable(kind: str, workload: Any) -> str | None:
     """Why ``kind`` cannot run ``workload`` here, or None when it can."""
     import importlib.util
@@ -169,5 +161,5 @@ def make_workload_peer(kind: str, workload: Any, warmup_steps: int = 0, **kw: An
         from bench.rllib_peer import RLlibRunner
 
         return RLlibRunner(workload, warmup_steps=warmup_steps, **kw)
-    return PeerRunner(kind, workload_env_fn(workload), workload.num_envs, workload.make_policy(),
+    return PeerRunner(kind, workload.one_env_fn(), workload.num_envs, workload.make_policy(),
                       envpool_task=workload.envpool_task, warmup_steps=warmup_steps)

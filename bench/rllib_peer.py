@@ -103,15 +103,13 @@ class RLlibRunner:
         from ray.rllib.algorithms.ppo import PPOConfig
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
-        from bench.peers import workload_env_fn
-
         self.runners = num_env_runners
         self.envs_per_runner = num_envs_per_env_runner or max(1, workload.num_envs // max(1, num_env_runners))
         self.num_envs = self.envs_per_runner * max(1, num_env_runners)
         policy = workload.make_policy()
         self.config = (
             PPOConfig()
-            .environment(env=EnvCreator(workload_env_fn(workload)))
+            .environment(env=EnvCreator(workload.one_env_fn()))
             .env_runners(num_env_runners=num_env_runners, num_envs_per_env_runner=self.envs_per_runner,
                          rollout_fragment_length=workload.num_steps, num_cpus_per_env_runner=1)
             .rl_module(rl_module_spec=RLModuleSpec(module_class=WorkloadModule,

@@ -33,7 +33,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.envs import HeavyTailEnv, LargeObsEnv, SlowEnv
+from auturi.envs import HeavyTailEnv, LargeObsEnv, SlowEnv, resolve_env_fns
 
 
 class WorkloadUnavailable(RuntimeError):
@@ -159,6 +159,12 @@ class Workload:
         self.check()
         assert self.env is not None
         return self.env
+
+    def one_env_fn(self) -> Callable[[], gym.Env]:
+        """A zero-argument factory of one gymnasium env of this workload (an EnvPool id
+        becomes a one-env :class:`auturi.envs.envpool.EnvPoolEnv`), for the gymnasium, SB3
+        and RLlib peers."""
+        return resolve_env_fns(self.make_env(), 1)[0]
 
     def make_policy(self) -> Any:
         """A fresh policy (imports torch)."""
