@@ -56,20 +56,20 @@ def test_a_worker_error_leaves_nothing_without_gc(no_gc):
 
 
 GONE_SCRIPT = textwrap.dedent("""
-    import auturi.executor.shm as shm
     from auturi import Config, WorkerError, make_executor
     from auturi.envs import CountingEnv
+    from auturi.executor.shm import channel, processes
     from tests.helpers import ObsHashPolicy
 
-    start = shm._start_without_main
+    start = processes.start_without_main
 
     def start_after_close(proc):  # as if the caller closed (Ctrl-C) while this worker starts
         for arg in proc._args:
-            if isinstance(arg, shm.Semaphore):
+            if isinstance(arg, channel.Semaphore):
                 arg.unlink_name()
         start(proc)
 
-    shm._start_without_main = start_after_close
+    processes.start_without_main = start_after_close
     try:
         make_executor(CountingEnv, ObsHashPolicy(CountingEnv().action_space), num_envs=4, backend="shm",
                       config=Config(envs_per_actor=4, env_parallel_degree=2))

@@ -1,9 +1,8 @@
 """The layout plan (auturi/executor/layout.py) against the rules the backends apply today.
 
 No process is started: each plan is checked against an independent statement of the
-``shm``/``ray`` rules, against the current helpers where they can be called without
-processes (``ShmExecutor._policy_threads``, ``RayExecutor._actor_cores``, ``ActorLoop``'s
-lockstep choice), and against hand-worked values."""
+``shm``/``ray`` rules (the backends, ``ActorLoop`` and ``Config.num_processes`` read the plan
+now, so the rules are restated here rather than asked of them), and against hand-worked values."""
 from __future__ import annotations
 
 import types
@@ -11,12 +10,10 @@ from collections import Counter
 
 import pytest
 
-import auturi.executor.shm as shm_mod
 from auturi import Config
 from auturi.executor.actor_loop import ActorLoop
 from auturi.executor.layout import MAIN, EnvMove, plan_layout, policy_threads, ray_actor_cores
-from auturi.executor.ray_backend import ClusterResources, RayExecutor
-from auturi.executor.shm import ShmExecutor
+from auturi.executor.ray_backend import ClusterResources
 from auturi.resources import cuda_device_count, usable_cores, usable_cores_set
 from auturi.tuner import space as space_mod
 
@@ -52,19 +49,23 @@ def _expected_processes(cfg: Config, cores: list[int]) -> list[tuple]:
                         (cores[(a + w) % n],)))
         if cfg.policies_per_actor > 1:
             for r in range(cfg.policies_per_actor):
-                out.append(("policy", f"policy replica {r} of actor {a} on {cfg.policy_device}", (), ()))
+                ids = _ids(cfg, a)
+                out.append(("policy", f"policy replica {r} of actor {a} (envs {ids[0]}-{ids[-1]}) on {cfg.policy_device}",
+                            (), ()))
     return out
 
 
-def _shm_threads(cfg: Config, n: int, monkeypatch) -> int:
-    """The current code's own answer: ShmExecutor._policy_threads over n usable cores."""
-    monkeypatch.setattr(shm_mod, "_usable_cores", lambda: n)
-    return ShmExecutor._policy_threads(None, cfg)  # type: ignore[arg-type]
+def _shm_threads(cfg: Config, n: int) -> int:
+    """Torch threads of a replica process on n usable cores: 1 on a GPU, else the cores env
+    workers leave free shared by every replica of every actor, at least 1."""
+    if cfg.policy_device != "cpu":
+        return 1
+    return max(1, (n - cfg.num_actors * (cfg.env_parallel_degree - 1)) // (cfg.num_actors * cfg.policies_per_actor))
 
 
 @pytest.mark.parametrize("cores", CORES, ids=lambda c: f"{len(c)}cores")
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-def test_shm_plan_follows_the_current_rules(cfg, cores, monkeypatch):
+def test_shm_plan_follows_the_current_rules(cfg, cores):
     p = plan_layout(cfg, cores=cores)
     assert p.backend == "shm" and p.cores == tuple(sorted(cores))
     assert [(q.kind, q.name, q.env_ids, q.cpus) for q in p.processes] == _expected_processes(cfg, list(cores))
@@ -72,7 +73,7 @@ def test_shm_plan_follows_the_current_rules(cfg, cores, monkeypatch):
     # The tuner's model counts A * (D + (P if P > 1 else 0)) busy processes.
     assert p.busy_processes == cfg.num_actors * (cfg.env_parallel_degree + (cfg.policies_per_actor > 1)
                                                  * cfg.policies_per_actor)
-    threads = _shm_threads(cfg, len(cores), monkeypatch)
+    threads = _shm_threads(cfg, len(cores))
     assert policy_threads(cfg, len(cores)) == threads
     k = cfg.envs_per_worker
     for a, ap in enumerate(p.actors):
@@ -120,13 +121,21 @@ class _Lane:
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
-def test_lockstep_is_what_the_actor_loop_chooses(cfg):
-    """ActorLoop built as ActorHost builds it (share 0 local, replicas remote unless one)."""
+def test_the_actor_loop_runs_the_plans_lockstep_choice(cfg):
+    """ActorLoop built as ActorHost builds it (share 0 local, replicas remote unless one):
+    lockstep exactly when the plan says so, and a lockstep the lanes cannot run is refused."""
     for ap in plan_layout(cfg, cores=[0, 1]).actors:
         env_lanes = [_Lane(remote=d > 0) for d in range(cfg.env_parallel_degree)]
         pol_lanes = [_Lane(remote=cfg.policies_per_actor > 1) for _ in range(cfg.policies_per_actor)]
-        loop = ActorLoop(ap.env_ids, env_lanes, pol_lanes, cfg.policy_batch_size, lambda: [], lambda r: object())
+        loop = ActorLoop(ap.env_ids, env_lanes, pol_lanes, cfg.policy_batch_size, lambda: [], lambda r: object(),
+                         lockstep=ap.lockstep)
         assert ap.lockstep == (loop._lockstep is not None)
+        # the plan's rule, restated: one in-process replica whose batch holds all the actor's envs
+        assert ap.lockstep == (cfg.policies_per_actor == 1 and cfg.policy_batch_size >= cfg.envs_per_actor)
+        if not ap.lockstep:
+            with pytest.raises(ValueError, match="lockstep needs one in-process policy lane"):
+                ActorLoop(ap.env_ids, env_lanes, pol_lanes, cfg.policy_batch_size, lambda: [], lambda r: object(),
+                          lockstep=True)
 
 
 def test_hand_worked_two_actors():
@@ -136,15 +145,15 @@ def test_hand_worked_two_actors():
         ("actor 0 (envs 0-3)", (1,), None),
         ("actor 1 (envs 4-7)", (2,), None),
         ("env worker 1 of actor 0 (envs 2-3)", (2,), None),
-        ("policy replica 0 of actor 0 on cpu", (), 1),  # (3 cores - 2 env workers) // 4 replicas -> 1
-        ("policy replica 1 of actor 0 on cpu", (), 1),
+        ("policy replica 0 of actor 0 (envs 0-3) on cpu", (), 1),  # (3 cores - 2 env workers) // 4 replicas -> 1
+        ("policy replica 1 of actor 0 (envs 0-3) on cpu", (), 1),
         ("env worker 1 of actor 1 (envs 6-7)", (3,), None),
-        ("policy replica 0 of actor 1 on cpu", (), 1),
-        ("policy replica 1 of actor 1 on cpu", (), 1),
+        ("policy replica 0 of actor 1 (envs 4-7) on cpu", (), 1),
+        ("policy replica 1 of actor 1 (envs 4-7) on cpu", (), 1),
     ]
     assert p.actors[1].env_shares[0].env_ids == (4, 5) and not p.actors[1].lockstep
-    assert [r.process for r in p.actors[1].replicas] == ["policy replica 0 of actor 1 on cpu",
-                                                         "policy replica 1 of actor 1 on cpu"]
+    assert [r.process for r in p.actors[1].replicas] == ["policy replica 0 of actor 1 (envs 4-7) on cpu",
+                                                         "policy replica 1 of actor 1 (envs 4-7) on cpu"]
 
 
 def test_hand_worked_threads_and_lockstep():
@@ -167,7 +176,7 @@ def test_cuda_device_string_reaches_replicas_and_ray_sees_cuda():
     p = plan_layout(cfg, cores=[0, 1])
     assert {q.device for q in p.processes if q.kind == "policy"} == {"cuda:1"}
     assert {q.threads for q in p.processes if q.kind == "policy"} == {1}
-    assert p.processes[-1].name == "policy replica 1 of actor 1 on cuda:1"
+    assert p.processes[-1].name == "policy replica 1 of actor 1 (envs 4-7) on cuda:1"
     r = plan_layout(cfg, cluster=ClusterResources((8,), (2,)))
     assert {q.device for q in r.processes if q.kind == "policy"} == {"cuda"}
     assert r.actors[0].ray.node_config == Config(1, 4, 1, 2, "cuda", 2)
@@ -193,7 +202,6 @@ def test_ray_plan_with_placed_cores_pins_as_a_one_actor_shm_executor():
     cfg = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=4)
     wheres = {0: {"node": "n", "cores": [0, 1, 2, 3, 4, 5, 6, 7]}, 1: {"node": "n", "cores": [0, 1, 2, 3, 4, 5, 6, 7]}}
     cores = ray_actor_cores(wheres, cfg.processes_per_actor)
-    assert cores == RayExecutor._actor_cores(None, wheres, cfg.processes_per_actor)  # type: ignore[arg-type]
     assert cores == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}
     ap = plan_layout(cfg, cores=cores, cluster=ClusterResources((8,))).actors[1]
     assert [(q.name, q.cpus) for q in ap.processes] == [
@@ -201,11 +209,11 @@ def test_ray_plan_with_placed_cores_pins_as_a_one_actor_shm_executor():
         ("env worker 2 of ray actor 1 (envs 6-6)", (6,)), ("env worker 3 of ray actor 1 (envs 7-7)", (7,))]
 
 
-def test_ray_actor_cores_matches_the_backend_on_uneven_nodes():
+def test_ray_actor_cores_on_uneven_nodes():
     wheres = {0: {"node": "a", "cores": [0, 1, 2]}, 1: {"node": "b", "cores": [0, 1]},
               2: {"node": "a", "cores": [0, 1, 2]}, 3: {"node": "c", "cores": [0, 1, 2, 3]}}
-    for cpus in (1, 2):
-        assert ray_actor_cores(wheres, cpus) == RayExecutor._actor_cores(None, wheres, cpus)  # type: ignore[arg-type]
+    # node a holds actors 0 and 2, one core each; an actor alone on its node is not pinned
+    assert ray_actor_cores(wheres, 1) == {0: [0], 2: [1], 1: None, 3: None}
     assert ray_actor_cores(wheres, 2) == {0: None, 2: None, 1: None, 3: None}  # 2 x 2 > 3 cores on node a
 
 
@@ -218,11 +226,11 @@ def test_bad_cores_name_the_fix():
 
 def test_default_cores_are_this_process_affinity():
     p = plan_layout(Config(envs_per_actor=4, env_parallel_degree=2))
-    assert p.cores == tuple(sorted(usable_cores_set())) == tuple(sorted(shm_mod._usable_cores_set()))
+    assert p.cores == tuple(sorted(usable_cores_set()))
 
 
 def test_resources_match_the_existing_definitions():
-    assert usable_cores() == space_mod.usable_cores() == shm_mod._usable_cores()
+    assert usable_cores() == space_mod.usable_cores()
     assert cuda_device_count() == space_mod._cuda_device_count()
 
 

@@ -70,6 +70,8 @@ class ActorLoop:
     lanes) makes the object the lockstep loop posts a row to and awaits (``step_row(t)``,
     ``wait()``, and ``settle()`` after the last row).
 
+    ``lockstep`` (``ActorPlan.lockstep``) picks the row-by-row loop over the general one.
+
     ``beat`` (an int64 memoryview and an index) is bumped once per row (lockstep) or per wait:
     whoever waits for this actor reads it to tell a busy actor from a stuck one (``shm``'s
     ``Waiter``); one integer store, no clock.
@@ -77,7 +79,7 @@ class ActorLoop:
 
     def __init__(self, env_ids: Sequence[int], env_lanes: list[Lane], policy_lanes: list[Lane],
                  batch_size: int, wait: Callable[[], list[Lane]], row_group: Callable[[list], Any] | None = None,
-                 beat: tuple[Any, int] | None = None):
+                 beat: tuple[Any, int] | None = None, lockstep: bool = False):
         self.env_ids = np.asarray(env_ids, dtype=np.int64)
         self.beat = beat if beat is not None else (memoryview(np.zeros(1, np.int64)), 0)
         self.env_lanes, self.policy_lanes = env_lanes, policy_lanes
@@ -91,11 +93,15 @@ class ActorLoop:
         # Remote lanes first: they work in parallel while a local lane steps synchronously.
         self._dispatch_order = sorted(enumerate(env_lanes), key=lambda dl: not dl[1].remote)
         pol0 = policy_lanes[0]
-        if len(policy_lanes) == 1 and not pol0.remote and batch_size >= len(env_ids):
-            # Lockstep: one in-process replica acting for all envs at once, so every env is
-            # always at the same row: act on a contiguous slice, hand each env lane its fixed
-            # envs, wait for the remote ones. No per-env bookkeeping at all. With one local
-            # env lane this is the serial point (DummyVecEnv), with no IPC.
+        if lockstep:
+            # Lockstep (the layout plan decides it: ``ActorPlan.lockstep``): one in-process
+            # replica acting for all envs at once, so every env is always at the same row:
+            # act on a contiguous slice, hand each env lane its fixed envs, wait for the
+            # remote ones. No per-env bookkeeping at all. With one local env lane this is
+            # the serial point (DummyVecEnv), with no IPC.
+            if len(policy_lanes) != 1 or pol0.remote or batch_size < len(env_ids):
+                raise ValueError("lockstep needs one in-process policy lane whose batch holds every env "
+                                 "(see auturi.executor.layout: ActorPlan.lockstep)")
             lo, hi = int(self.env_ids[0]), int(self.env_ids[-1]) + 1
             per = self.per_lane
             act = pol0.runner.act_slice  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from auturi.errors import AuturiError, ConfigError
 from auturi.executor.buffers import ArrayBlock
 from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
 from auturi.policy import Policy
+from auturi.resources import cuda_device_count
 from auturi.rollout import CollectStats, Rollout
 
 WORKER_TIMEOUT = 60.0
@@ -92,10 +93,14 @@ class Executor(abc.ABC):
         self._steps_done = 0  # steps each env has taken so far: keys the noise streams
         self._weights_version = 0
         self.last_reconfigure_seconds = 0.0
+        self.last_reconfigure: dict[str, float] = dict(_NOTHING_DONE)
+        self._counts: dict[str, int] = {}
+        self._applying: Config | None = None
         probe_env = self.env_fns[0]()
         try:
             obs = probe_reset(probe_env, self.seed)
             self.spec: WorkloadSpec = probe_spec(probe_env.observation_space, probe_env.action_space, policy, obs)
+            self.envs_movable = _round_trips(probe_env)
         finally:
             probe_env.close()
         self.reconfigure(config or Config.serial(self.num_envs))
@@ -108,14 +113,24 @@ class Executor(abc.ABC):
 
     def reconfigure(self, config: Config) -> float:
         """Switch to ``config``; returns the seconds it took (also in
-        ``last_reconfigure_seconds``). Envs that move to another process are recreated
-        and their next observation starts a new episode."""
+        ``last_reconfigure_seconds``).
+
+        Running episodes go on where the backend can: ``serial`` never moves an env;
+        ``shm`` keeps the processes whose role is unchanged and moves the other envs live to
+        their new process (when ``envs_movable``), so their next observation is the one they
+        would have given anyway. An env that cannot move is recreated with a new seed and its
+        next observation starts a new episode (``episode_starts`` True at row 0 without a
+        done before it); ``ray`` recreates every env. ``last_reconfigure`` reports
+        ``{"seconds", "kept", "started", "ended", "moved", "recreated"}``: worker processes
+        kept, started and ended, envs moved to another process, envs recreated."""
         self._check_open()
         self.validate(config)
         if config == self._config:
             self.last_reconfigure_seconds = 0.0
+            self.last_reconfigure = dict(_NOTHING_DONE)
             return 0.0
         t0 = time.perf_counter()
+        self._counts = {}
         try:
             self._apply_config(config)
         except BaseException:
@@ -123,6 +138,7 @@ class Executor(abc.ABC):
             raise
         self._config = config
         self.last_reconfigure_seconds = time.perf_counter() - t0
+        self.last_reconfigure = {**_NOTHING_DONE, **self._counts, "seconds": self.last_reconfigure_seconds}
         return self.last_reconfigure_seconds
 
     def validate(self, config: Config) -> None:
@@ -254,17 +270,35 @@ class Executor(abc.ABC):
         )
 
 
+_NOTHING_DONE = {"seconds": 0.0, "kept": 0, "started": 0, "ended": 0, "moved": 0, "recreated": 0}
+
+
+def _round_trips(env: Any) -> bool:
+    """Whether a live env survives a cloudpickle round trip (tried once, on the probe env
+    after its reset): then a reconfigure moves envs mid-episode instead of recreating them."""
+    import cloudpickle
+
+    try:
+        copy = cloudpickle.loads(cloudpickle.dumps(env))
+    except Exception:
+        return False
+    try:
+        copy.close()
+    except Exception:
+        pass
+    return True
+
+
 def check_device(device: str) -> None:
-    """Raise :class:`ConfigError` when ``device`` names a GPU this machine lacks."""
+    """Raise :class:`ConfigError` when ``device`` names a GPU this machine lacks
+    (:func:`auturi.resources.cuda_device_count`)."""
     if device == "cpu":
         return
-    import torch
-
-    if not torch.cuda.is_available():
+    count = cuda_device_count()
+    if not count:
         raise ConfigError("policy_device", device,
                           "no CUDA device is available here (torch.cuda.is_available() is False); "
                           "use policy_device='cpu', or install a CUDA build of torch on a GPU machine")
     idx = int(device.split(":")[1]) if ":" in device else 0
-    if idx >= torch.cuda.device_count():
-        raise ConfigError("policy_device", device,
-                          f"only {torch.cuda.device_count()} CUDA device(s) exist (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if idx >= count:
+        raise ConfigError("policy_device", device, f"only {count} CUDA device(s) exist (cuda:0..cuda:{count - 1})")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -34,13 +34,16 @@ class EnvRunner:
     """
 
     def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
-                 generation: int = 0, id_offset: int = 0):
+                 generation: int = 0, id_offset: int = 0, live: Mapping[int, Any] | None = None):
         self.env_ids = list(env_ids)
-        # every env starts behind a stand-in that checks its first reset and step, then steps aside
-        self.envs = {i: _FirstCalls(env_fns[i](), i, self) for i in self.env_ids}
+        live = live or {}
+        # every new env starts behind a stand-in that checks its first reset and step, then
+        # steps aside; a live env (``live``: moved here from another runner, mid-episode) was
+        # checked where it started and goes on from where it was, without a reset
+        self.envs = {i: live[i] if i in live else _FirstCalls(env_fns[i](), i, self) for i in self.env_ids}
+        self._unreset = [i for i in self.env_ids if i not in live]  # the next collect resets these first
         self._warned: set[int] = set()
         self.seed, self.generation, self.id_offset = seed, generation, id_offset
-        self.fresh = True  # not reset yet: the next collect must reset first
         self.finals: dict[tuple[int, int], tuple[np.ndarray, dict]] = {}
         self.env_seconds = 0.0
         self.a: dict[str, np.ndarray] = {}
@@ -52,17 +55,55 @@ class EnvRunner:
         self.a = arrays
         self._cols = {}
 
+    @property
+    def fresh(self) -> bool:
+        """True while some env awaits its first reset (the next collect must reset first)."""
+        return bool(self._unreset)
+
     def reset_all(self) -> None:
-        """First reset of every env: writes row 0 of ``obs`` and sets ``starts[0]``."""
+        """First reset of every env not reset yet: writes row 0 of ``obs`` and sets
+        ``starts[0]`` for them. Live envs (moved here) keep their row 0 and their episode."""
         obs, starts = self.a["obs"], self.a["starts"]
-        for i in self.env_ids:
+        for i in self._unreset:
             try:
                 o, _ = self.envs[i].reset(seed=env_seed(self.seed, self.id_offset + i, self.generation))
             except Exception as e:
                 raise _name_env(e, i, "in its first reset()")
             obs[0, i] = o
             starts[0, i] = True
-        self.fresh = False
+        self._unreset = []
+
+    def take_envs(self, ids: Sequence[int]) -> dict[int, Any]:
+        """Hand envs ``ids`` over to another runner (:class:`EnvRunner` ``live=``) as they are,
+        mid-episode; those not reset yet are left out (their new runner makes them anew, with
+        the same seed: the same data). This runner no longer steps any of ``ids``."""
+        out = {}
+        for i in ids:
+            env = self.envs.pop(i)
+            if i not in self._unreset:
+                out[i] = env.env if isinstance(env, _FirstCalls) else env
+        self.env_ids = [i for i in self.env_ids if i in self.envs]
+        self._unreset = [i for i in self._unreset if i in self.envs]
+        self._cols, self._slice_key, self._slice_list = {}, None, []
+        return out
+
+    def export_envs(self) -> dict[int, bytes | None]:
+        """Every env of this runner, cloudpickled mid-episode, for a runner in another process
+        (``None``: not reset yet, or it failed to pickle: made anew there). Closes nothing:
+        the caller closes this runner."""
+        import cloudpickle
+
+        out: dict[int, bytes | None] = {}
+        unreset = set(self._unreset)
+        for i, env in self.envs.items():
+            if i in unreset:
+                out[i] = None
+                continue
+            try:
+                out[i] = cloudpickle.dumps(env.env if isinstance(env, _FirstCalls) else env)
+            except Exception:  # the probe at start passed but this one cannot travel: recreated
+                out[i] = None
+        return out
 
     def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:
         """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``.
@@ -257,15 +298,33 @@ def _name_env(e: Exception, i: int, where: str) -> Exception:
     return e
 
 
-def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
-                    generation: int = 0, id_offset: int = 0):
-    """The runner for these envs: EnvPool's own threaded pool for an EnvPool source (the
-    thesis' Fig. 5.2 lets an actor's env side be any vectorised env), else an EnvRunner."""
-    from auturi.adapters.envpool import EnvPoolRunner, EnvPoolSource
+def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Any], seed: int, generation: int = 0,
+                    id_offset: int = 0, live: Mapping[int, Any] | None = None):
+    """The runner for these envs: the source's own, when ``env_fns[env_ids[0]]`` has a
+    ``make_runner(env_ids, seed, generation, id_offset)`` method (EnvPool's threaded pool:
+    the thesis' Fig. 5.2 lets an actor's env side be any vectorised env), else an
+    :class:`EnvRunner` (which takes ``live`` envs moved from another runner)."""
+    source = env_fns[env_ids[0]]
+    make_runner = getattr(source, "make_runner", None)
+    if make_runner is None:
+        make_runner = _envpool_runner_maker(source)  # until EnvPoolSource has make_runner
+    if make_runner is not None:
+        return make_runner(list(env_ids), seed, generation, id_offset)
+    return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live)
 
-    if isinstance(env_fns[env_ids[0]], EnvPoolSource):
+
+def _envpool_runner_maker(source: Any) -> Callable | None:
+    """Fallback for an ``EnvPoolSource`` without ``make_runner`` (the class is moving to
+    ``auturi.envs`` and getting the method): the old construction, looked up only when the
+    source's class is named so, so this module imports no adapter otherwise."""
+    if type(source).__name__ != "EnvPoolSource":
+        return None
+    from auturi.adapters.envpool import EnvPoolRunner
+
+    def make(env_ids: list, seed: int, generation: int, id_offset: int) -> Any:
         if id_offset:
             raise NotImplementedError("an EnvPool source in a slice of a larger collection (env_id_offset > 0, "
                                       "e.g. a second Ray actor) is not supported yet; use a gymnasium id")
-        return EnvPoolRunner(env_ids, env_fns[env_ids[0]], seed, generation)
-    return EnvRunner(env_ids, env_fns, seed, generation, id_offset)
+        return EnvPoolRunner(env_ids, source, seed, generation)
+
+    return make

@@ -52,7 +52,7 @@ from auturi.config import Config
 from auturi.resources import usable_cores_set
 
 if TYPE_CHECKING:
-    from auturi.executor.ray_backend import ClusterResources
+    from auturi.resources import ClusterResources
 
 MAIN = "main"
 """Name of the caller's process in a plan."""
@@ -293,7 +293,8 @@ def _actor_plan(config: Config, a: int, host: ProcessPlan, cores: tuple[int, ...
         replicas = (ReplicaPlan(0, host.name, dev, host.threads),)
     else:
         for r in range(config.policies_per_actor):
-            workers.append(ProcessPlan("policy", f"policy replica {r} of {label} on {dev}", a, replica=r,
+            workers.append(ProcessPlan("policy", f"policy replica {r} of {label} (envs {ids[0]}-{ids[-1]}) on {dev}",
+                                       a, replica=r,
                                        device=dev, threads=threads))
         replicas = tuple(ReplicaPlan(p.replica, p.name, dev, threads) for p in workers if p.kind == "policy")
     own = (host,) if host.kind != "main" else ()

@@ -13,6 +13,7 @@ from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop
 from auturi.executor.base import Executor
 from auturi.executor.env_runner import EnvRunner, make_env_runner
+from auturi.executor.layout import plan_layout
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 
@@ -43,10 +44,11 @@ class SerialExecutor(Executor):
         self._policy.recalibrate()
         env_lane = LocalEnvLane(self._envs)
         pol_lane = LocalPolicyLane(self._policy)
+        # Only the plan's shares, replicas, batch and lockstep choice matter here: no process.
         self._loops = [
-            ActorLoop(config.actor_env_ids(a), [env_lane] * config.env_parallel_degree,
-                      [pol_lane] * config.policies_per_actor, config.policy_batch_size, _no_remote)
-            for a in range(config.num_actors)
+            ActorLoop(ap.env_ids, [env_lane] * len(ap.env_shares), [pol_lane] * len(ap.replicas), ap.batch_size,
+                      _no_remote, lockstep=ap.lockstep)
+            for ap in plan_layout(config).actors
         ]
 
     def _on_new_block(self) -> None:

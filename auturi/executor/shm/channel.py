@@ -30,8 +30,14 @@ import numpy as np
 from auturi.errors import WorkerError
 from auturi.executor.buffers import ArrayBlock
 
-# commands
-TASK, RESET, FLUSH, EXIT, STEP_ROW = 1, 2, 3, 4, 5
+# commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe)
+TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT = 1, 2, 3, 4, 5, 6
+# words of the control block's header (``hdr``)
+DATA_GEN = 0  # bumped when the rollout block changes (its name and NUM_STEPS are new)
+NUM_STEPS = 1  # rows of the current rollout block
+WEIGHTS_VERSION = 2  # version of the weights published in the weights block
+CLOSING = 3  # the caller is closing this layout
+BEAT = 4  # the progress word of an actor running in the caller's process (see Waiter)
 # status
 OK, ERROR = 0, 1
 ERR_BYTES = 16384
@@ -76,7 +82,7 @@ def acquire(sem: Any, spin: float, timeout: float) -> bool:
 def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], Any]]:
     W = max(num_slots, 1)
     return [
-        ("hdr", (8,), np.int64),  # 0: data generation, 1: num_steps, 2: weights version, 3: closing, 4: beat
+        ("hdr", (8,), np.int64),  # DATA_GEN, NUM_STEPS, WEIGHTS_VERSION, CLOSING, BEAT
         ("names", (2, NAME_BYTES), np.uint8),  # 0: rollout block name, 1: weights block name
         ("cmd", (W,), np.int64),
         ("arg", (W,), np.int64),
@@ -179,16 +185,19 @@ class RemoteLane:
 
     remote = True
 
-    def __init__(self, slot: int, ctrl: ArrayBlock, start_sem: Any, name: str, waiter: "Waiter | None" = None):
+    def __init__(self, slot: int, ctrl: ArrayBlock, start_sem: Any, name: str, waiter: "Waiter | None" = None,
+                 issued: int = 1):
         self.slot, self.ctrl, self.start_sem, self.name = slot, ctrl, start_sem, name
         self.waiter = waiter
-        self.issued = 1  # every worker reports once when it has started (or failed to)
+        # commands it has reported: every worker reports once when it has started (or failed
+        # to); a worker kept from an earlier layout has reported ``seq`` of them
+        self.issued = issued
 
     def command(self, cmd: int, arg: int = 0) -> None:
         c = self.ctrl
         c["arg"][self.slot] = arg
         c["cmd"][self.slot] = cmd
-        if cmd != FLUSH and cmd != EXIT:
+        if cmd not in (FLUSH, EXIT, EXPORT):
             self.issued += 1
             if self.waiter is not None:
                 self.waiter.expect(self)
@@ -240,6 +249,13 @@ class Waiter:
         self._issued[lane.slot] = lane.issued
         self._busy[lane.slot] = True
         self._lanes[lane.slot] = lane
+
+    def adopt(self, lanes: list[RemoteLane]) -> None:
+        """Take ``lanes`` as this waiter's without expecting anything of them yet: from here
+        on their command counts and the waiter's count up together (:class:`RowGroup`)."""
+        for lane in lanes:
+            self._lanes[lane.slot] = lane
+            self._issued[lane.slot] = lane.issued
 
     def _pending_lanes(self) -> np.ndarray:
         return np.flatnonzero(self._busy & (self.ctrl["seq"] < self._issued))
@@ -319,6 +335,10 @@ class Waiter:
             failed = np.arange(len(self._issued))[sel][status == ERROR]
             slot = int(failed[0])
             raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
+
+    def settle_rows(self, sel: "slice | np.ndarray", rows: int) -> None:
+        """Count ``rows`` rows a :class:`RowGroup` posted to lanes ``sel`` as finished commands."""
+        self._issued[sel] += rows
 
     def wait_all(self, lanes: list[RemoteLane]) -> None:
         for lane in lanes:
@@ -401,9 +421,7 @@ class RowGroup:
         self._arg = self.ctrl["arg"]
         self._posts = [lane.start_sem.release for lane in lanes]
         self.rows = 0  # rows posted since the last settle
-        for lane in lanes:
-            waiter._lanes[lane.slot] = lane
-            waiter._issued[lane.slot] = lane.issued  # from here on both count up together
+        waiter.adopt(lanes)
 
     def step_row(self, t: int) -> None:
         if not self.rows:
@@ -420,12 +438,8 @@ class RowGroup:
         """After the last row: count the rows as commands each lane finished."""
         for lane in self.lanes:
             lane.issued += self.rows
-        self.waiter._issued[self.sel] += self.rows
+        self.waiter.settle_rows(self.sel, self.rows)
         self.rows = 0
-
-
-CLOSING = 3  # hdr index: the caller is closing this layout
-BEAT = 4  # hdr index: the progress word of an actor running in the caller's process (see Waiter)
 
 
 def parent_watch(ctrl: ArrayBlock | None = None) -> Callable[[], None]:

@@ -118,7 +118,7 @@ def wait_ready(torch: bool = True, extra: tuple[str, ...] = ()) -> float:
     """Block until the servers :func:`start_servers` started have finished their imports
     (a server answers a fork request only then): one no-op process is forked from each and
     joined. Returns the seconds waited."""
-    from auturi.executor.shm import _start_without_main  # the child need not import __main__
+    from auturi.executor.shm.processes import start_without_main  # the child need not import __main__
 
     t0 = time.perf_counter()
     procs: list[Any] = [_mp.get_context("forkserver").Process(target=_noop, daemon=True)]
@@ -127,7 +127,7 @@ def wait_ready(torch: bool = True, extra: tuple[str, ...] = ()) -> float:
         tp.preload = extra  # type: ignore[attr-defined]
         procs.append(tp)
     for p in procs:
-        _start_without_main(p)
+        start_without_main(p)
     for p in procs:
         p.join()
     return time.perf_counter() - t0

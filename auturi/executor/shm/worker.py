@@ -18,10 +18,12 @@ from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop, slice_stepper
 from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
 from auturi.executor.env_runner import make_env_runner
+from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (DUMP_SIGNAL, EXIT, FLUSH, OK, RESET, STEP_ROW, RemoteLane, RowGroup, Waiter,
-                                         acquire, parent_watch, read_name, write_error)
+from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, RESET, STEP_ROW,
+                                         WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
+                                         read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -29,7 +31,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 
 def sync_policy_weights(runner: PolicyRunner, ctrl: ArrayBlock) -> None:
     """Load the published weights if a newer version is out (one int compare otherwise)."""
-    version = int(ctrl["hdr"][2])
+    version = int(ctrl["hdr"][WEIGHTS_VERSION])
     if version != runner.weights_version:
         name = read_name(ctrl, 1)
         if name:
@@ -47,10 +49,10 @@ class DataBinding:
         self.block: ArrayBlock | None = None
 
     def sync(self, *runners: Any) -> None:
-        gen = int(self.ctrl["hdr"][0])
+        gen = int(self.ctrl["hdr"][DATA_GEN])
         if gen == self.gen:
             return
-        layout, size = make_layout(self.spec.rollout_specs(int(self.ctrl["hdr"][1]), self.num_envs))
+        layout, size = make_layout(self.spec.rollout_specs(int(self.ctrl["hdr"][NUM_STEPS]), self.num_envs))
         block = ArrayBlock(layout, size, shared=True, name=read_name(self.ctrl, 0), create=False)
         for r in runners:
             if r is not None:
@@ -66,35 +68,36 @@ class DataBinding:
 
 
 class ActorHost:
-    """One actor: its lanes (local or remote) and its :class:`ActorLoop`.
+    """One actor, as its plan (:class:`~auturi.executor.layout.ActorPlan`) says: its lanes
+    (local or remote) and its :class:`ActorLoop`.
 
-    ``lanes`` describes the remote lanes: ``{"env": [(slot, start_sem, name)], "policy": [...]}``;
-    an empty list means that side runs here. ``env_fns`` and ``policy`` are zero-argument
-    loaders, called only for the side that runs here.
+    ``envs`` is the runner of the share this process steps itself (share 0). ``lanes``
+    describes the remote lanes: ``{"env": [(slot, start_sem, name, issued)], "policy": [...]}``
+    (``issued``: commands the worker has reported so far, 1 for a new one); an empty
+    ``policy`` list means inference runs here, on the policy ``policy()`` loads.
     """
 
-    def __init__(self, actor: int, config: Config, env_fns: Callable[[], list], policy: Callable[[], Any],
-                 seed: int, generation: int,
-                 ctrl: ArrayBlock, lanes: dict[str, list], done_sem: Any, check_health: Any, id_offset: int = 0,
+    def __init__(self, plan: ActorPlan, envs: Any, policy: Callable[[], Any], ctrl: ArrayBlock,
+                 lanes: dict[str, list], done_sem: Any, check_health: Any, config: Config | None = None,
                  spin: float = 0.0, timeout: float = math.inf, beat: tuple[Any, int] | None = None):
-        self.actor, self.config, self.ctrl = actor, config, ctrl
-        ids = config.actor_env_ids(actor)
+        self.actor, self.ctrl = plan.index, ctrl
+        actor = plan.index
         self.local_policy: PolicyRunner | None = None
         self.waiter = Waiter(done_sem, ctrl, check_health, config, spin, timeout, beat)
         # The actor steps the first share of its envs itself, between handing out the other
         # shares and waiting for them: one process fewer, and the actor's core works instead
         # of idling (an idle vCPU was measured to take 0.1-2 ms to wake).
-        self.local_envs = make_env_runner(ids[: config.envs_per_worker], env_fns(), seed, generation, id_offset)
+        self.local_envs = envs
         env_lanes: list = [LocalEnvLane(self.local_envs, f"envs of actor {actor}")]
-        env_lanes += [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["env"]]
+        env_lanes += [RemoteLane(s, ctrl, sem, name, self.waiter, issued) for s, sem, name, issued in lanes["env"]]
         if lanes["policy"]:
-            pol_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter) for s, sem, name in lanes["policy"]]
+            pol_lanes = [RemoteLane(s, ctrl, sem, name, self.waiter, issued) for s, sem, name, issued in lanes["policy"]]
         else:
             self.local_policy = PolicyRunner(policy())
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
-        self.loop = ActorLoop(ids, env_lanes, pol_lanes, config.policy_batch_size, self.waiter,
-                              lambda remotes: RowGroup(remotes, self.waiter), beat)
+        self.loop = ActorLoop(plan.env_ids, env_lanes, pol_lanes, plan.batch_size, self.waiter,
+                              lambda remotes: RowGroup(remotes, self.waiter), beat, lockstep=plan.lockstep)
         self.fresh = True
 
     def bind(self, arrays: dict[str, np.ndarray]) -> None:
@@ -125,8 +128,9 @@ class ActorHost:
             os.sched_setaffinity(0, before)
 
     def _collect(self, num_steps: int) -> None:
-        if self.fresh:
-            self.local_envs.reset_all()
+        if self.fresh:  # a new host: the envs not reset yet (new ones) reset first; live ones go on
+            if self.local_envs.fresh:
+                self.local_envs.reset_all()
             for lane in self.remote_env_lanes:
                 lane.command(RESET)
             self.waiter.wait_all([])
@@ -192,21 +196,24 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
 
         def policy() -> Any:
             p = cloudpickle.loads(payloads[1])
-            p.to(info["config"].policy_device if kind == "actor" else info["device"])
+            p.to(info["device"])
             return p
 
-        if kind == "env":
-            obj = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"], info["id_offset"])
-        elif kind == "policy":
+        if kind == "policy":
             obj = PolicyRunner(policy())
             _set_torch_threads(info["threads"])
         else:
-            obj = ActorHost(info["actor"], info["config"], env_fns, policy, info["seed"], info["generation"],
-                            ctrl, info["lanes"], done_sem, check_parent, info["id_offset"], info["spin"],
-                            info["timeout"], (memoryview(ctrl["beat"]), slot))
-            if obj.local_policy is not None:
-                _set_torch_threads(info["threads"])
-            done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
+            live = {i: cloudpickle.loads(b) for i, b in info["live"].items() if b}  # envs moved here mid-episode
+            envs = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"], info["id_offset"],
+                                   live)
+            if kind == "env":
+                obj = envs
+            else:
+                obj = ActorHost(info["plan"], envs, policy, ctrl, info["lanes"], done_sem, check_parent,
+                                info["config"], info["spin"], info["timeout"], (memoryview(ctrl["beat"]), slot))
+                if obj.local_policy is not None:
+                    _set_torch_threads(info["threads"])
+                done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
         ctrl["status"][slot] = OK
     except BaseException as exc:  # report construction failures (bad env, bad policy) too
         write_error(ctrl, slot, exc)
@@ -248,11 +255,17 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
             conn.send(runner.take_finals())
             ctrl["nfinal"][slot] = 0
             continue
+        if cmd == EXPORT:  # this process ends in a reconfigure: its envs travel on, mid-episode
+            runner = obj if kind == "env" else obj.local_envs
+            export = getattr(runner, "export_envs", None)
+            conn.send(export() if export is not None and ctrl["arg"][slot] else {})
+            continue
         try:
             if kind == "env":
                 data.sync(obj)
                 if cmd == RESET:
-                    obj.reset_all()
+                    if obj.fresh:  # a kept worker's envs go on under a new host
+                        obj.reset_all()
                 else:
                     n = int(ntask[slot])
                     obj.step(tasks[slot, :n, 0], tasks[slot, :n, 1])
@@ -295,7 +308,7 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
     while True:
         try:
-            if hdr[0] != data.gen:  # a new rollout block (num_steps changed)
+            if hdr[DATA_GEN] != data.gen:  # a new rollout block (num_steps changed)
                 data.sync(obj)
             n = len(obj.finals)
             step_row(arg[slot], lo, hi)  # a lone env: EnvRunner.step_slice goes to step_one

@@ -1,0 +1,355 @@
+"""The caller's side of the ``ray`` backend: :class:`RayExecutor` (see
+:mod:`auturi.executor.ray_backend` for the layout, the connection rules and the failure
+policy). What each Ray actor asks for and runs is the layout plan's
+(:attr:`~auturi.executor.layout.ActorPlan.ray`); nothing is recomputed here."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from auturi.config import Config
+from auturi.errors import AuturiError, ConfigError, WorkerError
+from auturi.executor.base import Executor
+from auturi.executor.layout import plan_layout, ray_actor_cores
+from auturi.executor.ray_actor import _actor_class, stack_of
+from auturi.executor.ray_cluster import connect, ray_cluster_resources, release
+from auturi.executor.ray_sweep import CLOSE_SECONDS, _settle, _sweeper, sweep_segments
+from auturi.executor.shm.channel import DUMP_SECONDS, process_stack, stuck_reason
+
+POLL_SECONDS = 0.2
+"""Longest single ``ray.wait``; between them the caller may be interrupted."""
+LIVENESS_SECONDS = 2.0
+"""How often a long wait checks that the nodes of the actors it waits for are alive."""
+PROBE_SECONDS = 0.5
+"""How often a collect asks each busy actor for its progress (``worker_timeout``)."""
+
+
+
+class _ProgressWatch:
+    """``worker_timeout`` for Ray actors during a collect or weight update: every
+    ``PROBE_SECONDS`` each busy actor is asked for its progress word (``RayActorHost.progress``,
+    in its ``control`` thread); an actor whose word has not moved, or that has not answered, for
+    ``worker_timeout`` seconds is stuck. An actor waiting on a stuck worker of its own keeps
+    moving its word and reports that worker itself, so the innermost stuck process is named."""
+
+    def __init__(self, ex: "RayExecutor", t0: float):
+        self.ex, self.t0 = ex, t0
+        self.probes: dict[int, Any] = {}
+        self.seen: dict[int, int] = {}
+        self.since: dict[int, float] = {}
+        self.asked = 0.0
+
+    def check(self, indices: list[int], now: float) -> None:
+        import ray
+
+        if self.probes:
+            ready, _ = ray.wait(list(self.probes.values()), num_returns=len(self.probes), timeout=0)
+            for i, ref in list(self.probes.items()):
+                if ref in ready:
+                    del self.probes[i]
+                    try:
+                        value = ray.get(ref)
+                    except Exception:  # a dead actor: its own call fails and says why
+                        continue
+                    if value != self.seen.get(i):
+                        self.seen[i], self.since[i] = value, now
+        for i in indices:
+            idle = now - self.since.setdefault(i, self.t0)
+            if idle > self.ex.worker_timeout:
+                self.ex._probes = list(self.probes.values())
+                raise self.ex._stuck(self.ex._actors[i], idle)
+        if now - self.asked >= PROBE_SECONDS:
+            self.asked = now
+            for i in indices:
+                if i not in self.probes:
+                    handle = self.ex._actors[i].handle
+                    self.probes[i] = handle.progress.options(concurrency_group="control").remote()
+        self.ex._probes = list(self.probes.values())
+
+
+@dataclass
+class _Actor:
+    index: int
+    handle: Any
+    envs: range
+    node: str = "?"
+    ip: str = "?"
+    pid: int = 0
+    dumpfd: int = -1
+
+    @property
+    def name(self) -> str:
+        return (f"ray actor {self.index} (envs {self.envs[0]}-{self.envs[-1]}) on node {self.node[:12]} "
+                f"({self.ip}, pid {self.pid})")
+
+
+class RayExecutor(Executor):
+    """Backend ``ray``: one Ray actor per actor of the config, each running a whole
+    collection loop per call on its node (see the module docstring for the layout, the
+    connection rules and the failure policy).
+
+    Args (besides the :class:`Executor` ones):
+        address: ``None`` (the current connection, ``RAY_ADDRESS``, or a new local instance),
+            ``"auto"``, ``"host:port"`` or ``"ray://host:port"``.
+        start_timeout: seconds to wait for the cluster to place and start the actors before
+            raising :class:`auturi.AuturiError`.
+    """
+
+    backend = "ray"
+
+    def __init__(self, *args: Any, address: str | None = None, start_timeout: float = 120.0, **kwargs: Any):
+        self._actors: list[_Actor] = []
+        self._inflight: dict[int, Any] = {}  # actor index -> ref of its call still running
+        self._probes: list = []  # progress probes still unanswered (settled at close)
+        self._pg: Any = None
+        self._generation = -1
+        self._payload: tuple[Any, Any] | None = None
+        self._weights_ref: Any = None
+        self._finals: dict = {}
+        self._start_timeout = float(start_timeout)
+        self._applying: Config | None = None
+        self._plan: Any = None
+        self._uses_local = connect(address)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._close_workers()
+            self._release()
+            raise
+
+    @property
+    def actor_nodes(self) -> list[str]:
+        """The Ray node id each actor runs on, in actor order."""
+        return [a.node for a in self._actors]
+
+    @property
+    def actor_pids(self) -> list[int]:
+        """The process id of each Ray actor, in actor order."""
+        return [a.pid for a in self._actors]
+
+    def validate(self, config: Config) -> None:
+        # The device is checked against the cluster's GPUs, not this process's.
+        super().validate(config.replace(policy_device="cpu") if isinstance(config, Config) else config)
+        found = ray_cluster_resources().knob_problem(config)
+        if found:
+            knob, why = found
+            raise ConfigError(knob, getattr(config, knob), f"the Ray cluster cannot run {config}: {why}")
+
+    # ------------------------------------------------------------------ config
+    def _apply_config(self, config: Config) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        ended = self._plan.num_processes if self._plan is not None and self._actors else 0
+        self._close_workers()
+        self._generation += 1
+        self._applying = config
+        plan = self._plan = plan_layout(config, cluster=ray_cluster_resources())
+        # every Ray actor restarts and every env is made anew (a new generation's seeds)
+        self._counts = {"ended": ended, "started": plan.num_processes,
+                        "recreated": self.num_envs if self._steps_done else 0}
+        placements = [ap.ray for ap in plan.actors]
+        self._pg = placement_group([p.bundle for p in placements], strategy="SPREAD")  # type: ignore[union-attr]
+        ready, _ = ray.wait([self._pg.ready()], timeout=self._start_timeout)
+        if not ready:
+            raise AuturiError(f"the Ray cluster did not place {config.num_actors} actors of {placements[0].bundle} "  # type: ignore[union-attr]
+                              f"within {self._start_timeout:.0f} s (cluster: {ray_cluster_resources()})")
+        if self._payload is None:
+            self._payload = (ray.put(self.env_fns), ray.put(self.policy))
+        cls = _actor_class()
+        self._actors = [
+            _Actor(ap.index, cls.options(num_cpus=ap.ray.cpus, num_gpus=ap.ray.gpus,  # type: ignore[union-attr]
+                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                             self._pg, placement_group_bundle_index=ap.index)).remote(),
+                   range(ap.env_ids[0], ap.env_ids[-1] + 1))
+            for ap in plan.actors]
+        wheres = self._wait({a.index: a.handle.where.remote() for a in self._actors}, self._start_timeout)
+        for a in self._actors:
+            w = wheres[a.index]
+            a.node, a.ip, a.pid, a.dumpfd = w["node"], w["ip"], w["pid"], w["dumpfd"]
+        fns, policy = self._payload
+        # Inside an actor a one-actor shm executor runs the plan's node config (a CUDA policy
+        # sees only the GPU Ray gave it) over the cores the actors sharing its node split.
+        cores = ray_actor_cores(wheres, placements[0].cpus)  # type: ignore[union-attr]
+        self._wait({a.index: a.handle.start.remote(fns, policy, placements[a.index].node_config, self.seed,  # type: ignore[union-attr]
+                                                   a.envs[0], self._generation, self._steps_done, self._weights_ref,
+                                                   cores[a.index], self.worker_timeout)
+                    for a in self._actors}, self._start_timeout)
+
+    # ------------------------------------------------------------------ collect
+    def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
+        parts = self._wait({a.index: a.handle.collect.remote(num_steps) for a in self._actors})
+        b = self._block
+        assert b is not None
+        T = num_steps
+        finals: dict = {}
+        seconds = np.zeros(3)
+        for a in self._actors:
+            r, cols = parts[a.index], slice(a.envs[0], a.envs[-1] + 1)
+            b["obs"][:T, cols] = r.observations
+            b["obs"][T, cols] = r.last_observations
+            b["starts"][:T, cols] = r.episode_starts
+            b["starts"][T, cols] = r.last_episode_starts
+            for k in ("actions", "rewards", "terminated", "truncated"):
+                b[k][:, cols] = getattr(r, k)
+            for k, v in r.extras.items():
+                b["extras." + k][:, cols] = v
+            finals.update({key: (r.final_observations[key], r.final_infos[key]) for key in r.final_observations})
+            s = r.stats
+            seconds += (s.env_seconds, s.policy_seconds, s.wait_seconds)
+        self._finals = finals
+        return float(seconds[0]), float(seconds[1]), float(seconds[2])
+
+    def _gather_finals(self) -> dict:
+        finals, self._finals = self._finals, {}
+        return finals
+
+    def _publish_weights(self, state: dict[str, np.ndarray], version: int) -> None:
+        import ray
+
+        self._weights_ref = ray.put(state)  # once per update, for every actor (and future ones)
+        try:
+            self._wait({a.index: a.handle.set_policy_state.remote(self._weights_ref) for a in self._actors})
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait(self, refs: dict[int, Any], timeout: float | None = None) -> dict[int, Any]:
+        """The results of one call per actor (actor index -> ref). Short ``ray.wait`` calls
+        in a loop: the first failure raises :class:`WorkerError`, the actors' nodes are
+        checked every ``LIVENESS_SECONDS``, and ``timeout`` (None: no limit, for a collect,
+        whose envs may be slow) bounds the whole."""
+        import ray
+
+        by_ref = {ref: i for i, ref in refs.items()}
+        pending = list(by_ref)
+        self._inflight = dict(refs)
+        out: dict[int, Any] = {}
+        t0 = checked = time.monotonic()
+        watch = _ProgressWatch(self, t0) if timeout is None else None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            for ref in ready:
+                i = by_ref[ref]
+                try:
+                    out[i] = ray.get(ref)
+                except Exception as exc:
+                    raise self._failure(self._actors[i], exc) from None
+                self._inflight.pop(i, None)
+            now = time.monotonic()
+            if pending and now - checked > LIVENESS_SECONDS:
+                checked = now
+                self._check_nodes([by_ref[r] for r in pending])
+            if pending and watch is not None:
+                watch.check([by_ref[r] for r in pending], now)
+            if pending and timeout is not None and now - t0 > timeout:
+                slow = ", ".join(self._actors[by_ref[r]].name for r in pending)
+                raise AuturiError(f"{slow}: no answer within {timeout:.0f} s")
+        return out
+
+    def _stuck(self, actor: _Actor, idle: float) -> WorkerError:
+        """The :class:`WorkerError` for an actor that made no progress for ``idle`` seconds,
+        with its stack, read on its node (here when it runs on this machine)."""
+        import ray
+
+        note, stack = "", "(its stack could not be fetched from its node)"
+        if actor.ip == ray.util.get_node_ip_address():
+            note, stack = process_stack(actor.pid, actor.dumpfd)
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            ref = ray.remote(num_cpus=0, max_retries=0)(stack_of).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(actor.node, soft=False)).remote(actor.pid,
+                                                                                                  actor.dumpfd)
+            ready, _ = ray.wait([ref], timeout=DUMP_SECONDS + CLOSE_SECONDS)
+            if ready:
+                note, stack = ray.get(ref)
+        return WorkerError(actor.name, stuck_reason(idle, note, actor.pid, self.worker_timeout), "", self._applying,
+                           stack)
+
+    def _check_nodes(self, indices: list[int]) -> None:
+        import ray
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        for i in indices:
+            a = self._actors[i]
+            if a.node != "?" and a.node not in alive:
+                raise WorkerError(a.name, "its Ray node is dead", "", self._applying)
+
+    def _failure(self, actor: _Actor, exc: BaseException) -> WorkerError:
+        """A :class:`WorkerError` naming the actor, its node and the cause."""
+        from ray import exceptions as rex
+
+        config = self._applying
+        if isinstance(exc, rex.RayTaskError):
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, WorkerError):  # one of the actor's own workers failed
+                return WorkerError(f"{actor.name}: {cause.worker}", cause.reason, cause.traceback, config, cause.stack)
+            what = f"{type(cause).__name__}: {cause}" if cause is not None else "an exception"
+            return WorkerError(actor.name, f"raised {what}", getattr(exc, "traceback_str", str(exc)), config)
+        if isinstance(exc, rex.RayActorError):
+            return WorkerError(actor.name, f"died ({type(exc).__name__})", str(exc), config)
+        return WorkerError(actor.name, f"failed ({type(exc).__name__})", str(exc), config)
+
+    # ------------------------------------------------------------------ close
+    def _close_workers(self) -> None:
+        """Idle actors close their executors; busy ones (a call still running after an
+        error or Ctrl-C) first abort it by ending their workers, and close as it fails. All
+        this is bounded by ``CLOSE_SECONDS``; then every actor is killed and the placement
+        group removed, whatever happened before."""
+        actors, self._actors = self._actors, []
+        busy, self._inflight = self._inflight, {}
+        probes, self._probes = self._probes, []
+        pg, self._pg = self._pg, None
+        if not actors and pg is None:
+            return
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        closed: set[int] = set()
+        try:
+            # abort runs at once in its own thread; close runs after the actor's running call
+            aborts = [a.handle.abort.options(concurrency_group="control").remote() for a in actors if a.index in busy]
+            closes = {a.handle.close.remote(): a.index for a in actors}
+            _settle(aborts + list(closes) + list(busy.values()), CLOSE_SECONDS, closes, closed)
+        finally:
+            for a in actors:
+                try:
+                    ray.kill(a.handle, no_restart=True)
+                except Exception:  # already dead
+                    pass
+            # A dead or killed actor could not unlink its segments (Ray ends its resource
+            # tracker with it): unlink them on its node once it is gone.
+            dead = [a for a in actors if a.index not in closed and a.pid]
+            sweeps = [_sweeper().options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node, soft=False))
+                      .remote(a.pid) for a in dead]
+            _settle(sweeps + probes, CLOSE_SECONDS)
+            # And here for actors on this machine, whatever became of those tasks (one was
+            # seen to miss segments): the names carry the pid, so this is exact.
+            here = ray.util.get_node_ip_address()
+            for a in dead:
+                if a.ip == here:
+                    sweep_segments(a.pid)
+            if pg is not None:
+                try:
+                    remove_placement_group(pg)
+                except Exception:
+                    pass
+
+    def close(self) -> None:
+        """End every Ray actor (and the processes inside them); shut down the local Ray
+        instance Auturi started if no other executor uses it. Idempotent."""
+        try:
+            super().close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._uses_local:
+            self._uses_local = False
+            release()

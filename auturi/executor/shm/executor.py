@@ -1,0 +1,443 @@
+"""The ``shm`` executor: the layout plan's processes on this machine, all bulk data in shared
+memory, all waits blocking on semaphores (see the package docstring for the layout).
+
+A reconfigure applies the difference of the old and new plans (``LayoutPlan.diff``): env
+workers and policy replicas whose role is unchanged (same envs, or same replica, device and
+threads, for the same actor) stay alive with their envs mid-episode; processes of the new plan
+with no such counterpart start, the others end. An env whose stepping process changes moves
+with its state (a cloudpickle round trip of the live env, tried once on the probe env at start,
+``Executor.envs_movable``), so its episode goes on; where that cannot be done it is recreated
+with the next generation's seed and its episode is cut (row 0 starts a new one). Actor
+processes are restarted on any change (their lanes are fixed at start); their envs move too.
+``last_reconfigure`` reports what was kept, started, ended, moved and recreated.
+
+Over 400 lines: start-up, the diff applied to live processes, collect, fault checks and the
+ordered shutdown share the slot bookkeeping, and splitting them would spread one lifecycle
+over modules.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing.connection
+import os
+import sys
+import time
+import weakref
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from auturi.config import Config
+from auturi.errors import WorkerError
+from auturi.executor.base import Executor
+from auturi.executor.buffers import ArrayBlock, WeightsBlock
+from auturi.executor.env_runner import make_env_runner
+from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
+from auturi.executor.shm import processes
+from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, POLL_SECONDS,
+                                         SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, WEIGHTS_VERSION, RemoteLane,
+                                         Semaphore, Waiter, control_specs, read_error, stuck_error, write_name)
+from auturi.executor.shm.processes import Slot, get_context
+from auturi.executor.shm.worker import ActorHost, worker_main
+
+MIN_SLOTS = 64
+"""Slots of a control block at least: later layouts reuse the block (and the processes on
+it) while they fit; one that does not starts everything afresh on a bigger block."""
+
+
+class ShmExecutor(Executor):
+    """Backend ``shm`` (see the module docstring).
+
+    Args (besides the :class:`Executor` ones):
+        start_method: ``"forkserver"`` (default) or ``"spawn"``.
+
+    ``worker_timeout`` (see :class:`Executor`): every waiter (the caller, each actor) checks
+    at its 0.1 s polls that the workers it waits for progressed; the innermost stuck process
+    is the one named (an actor waiting on a stuck worker counts as alive). Start-up waits at
+    least ``channel.START_TIMEOUT_FLOOR``. The caller's own thread (it steps the first actor's
+    first env share) is not watched: nothing above it could report it.
+    """
+
+    backend = "shm"
+    _shared_buffers = True
+
+    def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
+        self._ctx = get_context(start_method)
+        self._slots: dict[int, Slot] = {}  # control-block index -> live worker
+        self._by_role: dict[tuple, int] = {}  # a live worker's role (ProcessPlan.role, actor) -> its index
+        self._plan: LayoutPlan | None = None
+        self._ctrl: ArrayBlock | None = None
+        self._weights: ArrayBlock | None = None
+        self._host: ActorHost | None = None
+        self._actor_lanes: list[RemoteLane] = []
+        self._main_waiter: Waiter | None = None
+        self._main_sem: Semaphore | None = None  # workers report start-up (and actors their collects) here
+        self._done_sems: dict[int, Semaphore] = {}  # per actor index: its workers report here
+        self._generation = -1
+        self._timing = np.zeros(3)
+        self._payloads: tuple[bytes, bytes] = (b"", b"")
+        self._torch_process: type | None = None
+        self._preload: tuple[str, ...] = ()
+        policy = args[1] if len(args) > 1 else kwargs.get("policy")
+        if (self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules
+                and getattr(policy, "needs_torch", True)):
+            from auturi.executor.shm.forkservers import TorchProcess, preload_key, start_torch_server
+
+            self._torch_process = TorchProcess
+            self._preload = preload_key(policy)
+            start_torch_server(self._preload)  # it imports torch in the background while we probe and build
+        processes.sigterm_exits()
+        super().__init__(*args, **kwargs)
+        ref = weakref.ref(self)
+        atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ config
+    def _apply_config(self, config: Config) -> None:
+        new, old = plan_layout(config), self._plan
+        self._applying = config
+        if not self._payloads[0]:
+            # Pickled apart: an env worker must not unpickle the policy (that would import
+            # torch there), and a replica need not build env factories.
+            self._payloads = (cloudpickle.dumps(self.env_fns), cloudpickle.dumps(self.policy))
+        fits = self._ctrl is not None and len(new.processes) <= len(self._ctrl["seq"])
+        keep = self._kept(new) if fits else {}
+        ending = {i: s for i, s in self._slots.items() if i not in keep.values()}
+        reuse_main = (self._host is not None and new.main.actor is not None
+                      and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
+        live = self._take_envs(ending, reuse_main)
+        in_place = {e for p in new.processes if p.name in keep for e in p.env_ids}
+        in_place |= set(new.main.env_ids) if reuse_main else set()
+        changed = set(range(self.num_envs)) - in_place if old is not None else set()
+        to_main = {e for e, proc in new.env_process().items() if proc == MAIN}
+        # an env moves when it travels (pickled, or not reset yet) or stays in this process
+        moved = {e for e in changed if e in live and live[e] != b"" and (self.envs_movable or e in to_main)}
+        recreated = changed - moved
+        _close_envs(v for e, v in live.items() if e not in moved)
+        old_host, self._host = self._host, None
+        self._end(ending)
+        if not fits:
+            self._close_control_block()
+            self._new_control_block(config)
+        if old is None or (recreated and self._steps_done):
+            self._generation += 1  # envs made from here on get new seeds (the first layout: generation 0)
+        self._plan = new
+        live = {e: v for e, v in live.items() if e in moved and v is not None}
+        started = self._start(new, keep, live)
+        self._wait_started(started)
+        self._make_host(new, old_host if reuse_main else None, live)
+        if old_host is not None and not reuse_main:
+            old_host.close()  # closes the envs it did not hand over
+        self._timing = self._ctrl["timing"].sum(axis=0)  # type: ignore[index]
+        before, after = (old.env_process(), new.env_process()) if old is not None else ({}, {})
+        across = {e for e in moved if not before.get(e) == after.get(e) == MAIN}  # main to main is no move
+        self._counts = {"kept": len(keep), "started": len(started), "ended": len(ending), "moved": len(across),
+                        "recreated": len(recreated)}
+
+    def _kept(self, new: LayoutPlan) -> dict[str, int]:
+        """New process name -> index of the live worker that keeps doing it: an env worker or
+        replica whose role (``ProcessPlan.role``) and actor are unchanged (it reports to its
+        actor's semaphore). Actor processes are never kept: their lanes are fixed at start."""
+        keep = {}
+        for p in new.processes:
+            i = self._by_role.get((p.role, p.actor))
+            if i is not None and p.kind != "actor":
+                keep[p.name] = i
+        return keep
+
+    def _take_envs(self, ending: dict[int, Slot], reuse_main: bool) -> dict[int, Any]:
+        """The envs of ending workers, and of main when its runner is not reused: env id ->
+        the live env (from main), its pickle (from a worker), ``None`` (not reset yet: made
+        anew with the same seed, the same data) or ``b""`` (could not be pickled). Workers
+        send nothing when envs cannot be pickled (``envs_movable``)."""
+        live: dict[int, Any] = {}
+        asked = [(i, s) for i, s in ending.items() if s.conn is not None]
+        for i, s in asked:
+            RemoteLane(i, self._ctrl, s.start_sem, s.name).command(EXPORT, int(self.envs_movable))  # type: ignore[arg-type]
+        for i, s in asked:
+            live.update(self._recv(i, s))
+        runner = self._host.local_envs if self._host is not None else None
+        take = getattr(runner, "take_envs", None)
+        if take is not None and not reuse_main:  # live objects: those staying here need no pickle
+            ids = list(runner.env_ids)  # type: ignore[union-attr]
+            live.update(dict.fromkeys(ids))  # not reset yet: None
+            live.update(take(ids))
+        return live
+
+    def _new_control_block(self, config: Config) -> None:
+        slots = max(MIN_SLOTS, 2 * config.num_processes)
+        self._ctrl = ArrayBlock.create(control_specs(slots, self.num_envs), shared=True)
+        self._ctrl["dumpfd"][:] = -1  # until each worker registers its stack dump
+        self._write_header()
+        if self._weights is None:
+            state = self.policy.get_state()
+            if state:
+                self._weights = WeightsBlock.write(dict(state), None)
+        if self._weights is not None:
+            write_name(self._ctrl, 1, self._weights.name)
+        self._ctrl["hdr"][WEIGHTS_VERSION] = self._weights_version
+        self._main_sem = self._semaphore()
+
+    def _semaphore(self) -> Semaphore:
+        return Semaphore(self._ctx)
+
+    def _done_sem(self, actor: int) -> Semaphore:
+        """Actor ``actor``'s semaphore: its workers report there, whichever layout started them."""
+        if actor not in self._done_sems:
+            self._done_sems[actor] = self._semaphore()
+        return self._done_sems[actor]
+
+    @staticmethod
+    def _spin_seconds() -> float:
+        """How long workers and actors poll, yielding, before they block (channel.SPIN_SECONDS)."""
+        return float(os.environ.get("AUTURI_SPIN_SECONDS", SPIN_SECONDS))
+
+    def _common(self) -> dict:
+        return {"seed": self.seed, "generation": self._generation, "id_offset": self.env_id_offset,
+                "spin": self._spin_seconds(), "timeout": self.worker_timeout}
+
+    def _start(self, plan: LayoutPlan, keep: dict[str, int], live: dict[int, Any]) -> list[int]:
+        """Start the plan's processes that no live worker keeps doing; returns their indices.
+        Actors start last: their lanes name their workers' slots."""
+        ctrl = self._ctrl
+        assert ctrl is not None
+        free = iter(sorted(set(range(len(ctrl["seq"]))) - set(keep.values())))
+        index = dict(keep)
+        for p in plan.processes:
+            if p.name not in index:
+                index[p.name] = next(free)
+        by_role = {}
+        started = []
+        for p in sorted(plan.processes, key=lambda q: q.kind == "actor"):
+            i = index[p.name]
+            by_role[(p.role, p.actor)] = i
+            if p.name in keep:
+                self._slots[i].name = p.name
+                continue
+            self._start_one(i, p, plan, index, live)
+            started.append(i)
+        self._by_role = by_role
+        return started
+
+    def _start_one(self, i: int, p: ProcessPlan, plan: LayoutPlan, index: dict[str, int], live: dict) -> None:
+        ctrl = self._ctrl
+        assert ctrl is not None
+        s = self._slots[i] = Slot(p.kind, p.name, self._semaphore())
+        for k in ("seq", "status", "nfinal", "beat", "cmd", "arg", "pid"):
+            ctrl[k][i] = 0
+        ctrl["timing"][i] = 0
+        ctrl["dumpfd"][i] = -1
+        info = {**self._common(), "cpus": set(p.cpus or ()), "device": p.device, "threads": p.threads,
+                "env_ids": list(p.env_ids), "live": {e: _pickled(live[e]) for e in p.env_ids if e in live}}
+        if p.kind == "actor":
+            ap = plan.actors[p.actor]  # type: ignore[index]
+            info.update(plan=ap, config=plan.config, report_sem=self._main_sem, lanes=self._lanes(ap, index))
+        child_conn = None
+        if p.kind in ("env", "actor"):  # env hosts: an actor always steps its first share
+            s.conn, child_conn = self._ctx.Pipe(duplex=False)
+        runs_policy = p.device is not None
+        proc_cls = self._torch_process if runs_policy and self._torch_process is not None else self._ctx.Process
+        s.proc = proc_cls(target=worker_main, name=f"auturi: {s.name}", daemon=True,
+                          args=(p.kind, i, ctrl.handle, s.start_sem, self._done_sem(p.actor), self._main_sem,
+                                self._payloads, self.spec, self.num_envs, info, child_conn))
+        if proc_cls is self._torch_process:
+            s.proc.preload = self._preload
+        processes.start_without_main(s.proc)
+        ctrl["pid"][i] = s.proc.pid  # named if it is stuck before it starts
+        if child_conn is not None:
+            child_conn.close()
+
+    def _lanes(self, ap: Any, index: dict[str, int]) -> dict[str, list]:
+        """The remote lanes of actor ``ap``: ``(slot, start_sem, name, commands reported)``."""
+        assert self._ctrl is not None
+        seq = self._ctrl["seq"]
+        out: dict[str, list] = {"env": [], "policy": []}
+        names = [("env", sh.process) for sh in ap.env_shares[1:]]
+        names += [("policy", r.process) for r in ap.replicas if r.process != ap.host]
+        for kind, name in names:
+            i = index[name]
+            # a new worker reports once when started; a kept one has reported seq[i] commands
+            out[kind].append((i, self._slots[i].start_sem, name, max(1, int(seq[i]))))
+        return out
+
+    def _wait_started(self, started: list[int]) -> None:
+        """Wait for every new worker to report that it built its envs / policy."""
+        assert self._ctrl is not None
+        beat = (memoryview(self._ctrl["hdr"]), BEAT)
+        waiter = self._main_waiter = Waiter(self._main_sem, self._ctrl, self._check_children, self._applying,
+                                            timeout=max(self.worker_timeout, START_TIMEOUT_FLOOR), beat=beat)
+        waiter.kill_stuck = True
+        waiter.wait_all([RemoteLane(i, self._ctrl, self._slots[i].start_sem, self._slots[i].name) for i in started])
+        waiter.timeout = self.worker_timeout
+
+    def _make_host(self, plan: LayoutPlan, reused: ActorHost | None, live: dict[int, Any]) -> None:
+        """Main's part: the actor it hosts (one actor: its loop, share 0 and maybe its
+        policy run here), else the lanes of the actor processes."""
+        ctrl = self._ctrl
+        assert ctrl is not None
+        index = {s.name: i for i, s in self._slots.items()}
+        if plan.main.actor is None:
+            self._actor_lanes = [RemoteLane(index[ap.host], ctrl, self._slots[index[ap.host]].start_sem, ap.host,
+                                            self._main_waiter, max(1, int(ctrl["seq"][index[ap.host]])))
+                                 for ap in plan.actors]
+            return
+        ap = plan.actors[0]
+        if reused is not None:
+            envs = reused.local_envs
+        else:
+            ids = plan.main.env_ids
+            envs = make_env_runner(ids, self.env_fns, self.seed, self._generation, self.env_id_offset,
+                                   {e: _unpickled(live[e]) for e in ids if e in live})
+        host = ActorHost(ap, envs, lambda: self.policy, ctrl, self._lanes(ap, index), self._done_sem(0),
+                         self._check_children, plan.config, self._spin_seconds(), self.worker_timeout,
+                         (memoryview(ctrl["hdr"]), BEAT))
+        host.waiter.kill_stuck = True
+        host.pin_cpu = plan.main.cpus[0] if plan.main.cpus else None
+        if host.local_policy is not None:
+            self.policy.to(plan.config.policy_device)
+            host.local_policy.weights_version = self._weights_version
+        if self._block is not None:
+            host.bind(self._block.arrays)
+        self._host = host
+        self._actor_lanes = []
+
+    def _write_header(self) -> None:
+        if self._ctrl is None or self._block is None:
+            return
+        write_name(self._ctrl, 0, self._block.name)
+        self._ctrl["hdr"][NUM_STEPS] = self._num_steps
+        self._ctrl["hdr"][DATA_GEN] += 1
+
+    def _on_new_block(self) -> None:
+        self._write_header()
+        if self._host is not None and self._block is not None:
+            self._host.bind(self._block.arrays)
+
+    # ------------------------------------------------------------------ collect
+    def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
+        assert self._ctrl is not None
+        if self._host is not None:
+            self._host.collect(num_steps)
+        else:
+            assert self._main_waiter is not None
+            for lane in self._actor_lanes:
+                lane.command(TASK, num_steps)
+            self._main_waiter.wait_all([])
+        total = self._ctrl["timing"].sum(axis=0)
+        if self._host is not None:
+            total = total + np.array(self._host.seconds())
+        delta, self._timing = total - self._timing, total
+        return float(delta[0]), float(delta[1]), float(delta[2])
+
+    def _gather_finals(self) -> dict:
+        finals: dict = {}
+        if self._host is not None:
+            finals.update(self._host.local_envs.take_finals())
+        assert self._ctrl is not None
+        # Ask every worker holding final observations at once, then read each pipe: one
+        # round trip per collect instead of one per worker in turn (with 16 workers whose
+        # CartPoles all ended an episode, 15 sequential trips cost ~3 ms a collect).
+        asked = [(i, s) for i, s in self._slots.items() if s.conn is not None and self._ctrl["nfinal"][i] > 0]
+        for i, s in asked:
+            self._ctrl["cmd"][i] = FLUSH
+            s.start_sem.release()
+        for i, s in asked:
+            finals.update(self._recv(i, s))
+        return finals
+
+    def _recv(self, i: int, s: Slot) -> Any:
+        """What worker ``i`` sends on its pipe, watching it (dead: WorkerError; silent for
+        ``worker_timeout``: stuck)."""
+        t0 = time.monotonic()
+        while not s.conn.poll(POLL_SECONDS):
+            self._check_children()
+            idle = time.monotonic() - t0
+            if idle > self.worker_timeout:
+                raise stuck_error(self._ctrl, i, s.name, idle, self.worker_timeout, self._applying, kill=True)
+        return s.conn.recv()
+
+    def _publish_weights(self, state: dict[str, np.ndarray], version: int) -> None:
+        if state:
+            self._weights = WeightsBlock.write(state, self._weights)
+        if self._ctrl is not None:
+            if self._weights is not None:
+                write_name(self._ctrl, 1, self._weights.name)
+            self._ctrl["hdr"][WEIGHTS_VERSION] = version
+        if self._host is not None and self._host.local_policy is not None:
+            self._host.local_policy.load(state, version)
+
+    # ------------------------------------------------------------------ faults, close
+    def _check_children(self) -> None:
+        procs = {s.proc.sentinel: (i, s) for i, s in self._slots.items() if s.proc is not None}
+        if not procs:
+            return
+        dead = multiprocessing.connection.wait(list(procs), timeout=0)
+        if dead:
+            i, s = procs[dead[0]]  # type: ignore[index]
+            s.proc.join(0.1)
+            tb = ""
+            if self._ctrl is not None and self._ctrl["status"][i] != OK:
+                tb = read_error(self._ctrl, i)
+            raise WorkerError(s.name, processes.exit_reason(s.proc.exitcode), tb, self._applying)
+
+    def _end(self, ending: dict[int, Slot]) -> None:
+        """End the workers ``ending`` (a reconfigure drops them); unlink their semaphore names."""
+        try:
+            processes.end_slots(self._ctrl, ending)
+        finally:
+            for i, s in ending.items():
+                s.start_sem.unlink_name()
+                self._slots.pop(i, None)
+
+    def _close_workers(self) -> None:
+        """End every worker (EXIT, then SIGTERM, then SIGKILL), then unlink the blocks and the
+        semaphore names. The unlinking runs whatever happened before it."""
+        self._actor_lanes = []
+        self._main_waiter = None
+        try:
+            if self._host is not None:
+                host, self._host = self._host, None
+                host.close()
+            if self._ctrl is not None:
+                self._ctrl["hdr"][CLOSING] = 1
+            self._end(dict(self._slots))
+        finally:
+            self._slots = {}
+            self._close_control_block()
+            if self._closed and self._weights is not None:
+                self._weights.close()
+                self._weights = None
+
+    def _close_control_block(self) -> None:
+        for sem in [self._main_sem, *self._done_sems.values()]:
+            if sem is not None:
+                sem.unlink_name()
+        self._main_sem, self._done_sems = None, {}
+        if self._ctrl is not None:
+            self._ctrl.close()
+            self._ctrl = None
+
+
+def _pickled(env: Any) -> bytes | None:
+    """An env for another process: a worker's pickle as it came, main's own env pickled
+    here (``None``: it cannot be, and is made anew there)."""
+    if env is None or isinstance(env, bytes):
+        return env
+    try:
+        return cloudpickle.dumps(env)
+    except Exception:
+        return None
+
+
+def _close_envs(envs: Any) -> None:
+    """Close the live envs (main's) that are not handed on: they are recreated elsewhere."""
+    for env in envs:
+        if env is not None and not isinstance(env, bytes):
+            try:
+                env.close()
+            except Exception:  # best effort, as EnvRunner.close
+                pass
+
+
+def _unpickled(env: Any) -> Any:
+    return cloudpickle.loads(env) if isinstance(env, bytes) else env

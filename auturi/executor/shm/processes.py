@@ -1,0 +1,162 @@
+"""Starting and ending the ``shm`` backend's processes: the start method, starting a child
+without the caller's ``__main__``, waiting for exits, the ordered end of a set of workers,
+and SIGTERM as a clean exit. Nothing here knows what a worker does (see ``executor.py``).
+
+Nothing is patched when this module is imported: the hook that keeps ``__main__`` out of our
+children is installed by the first :func:`start_without_main` (and only affects children
+started through it)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.spawn as mp_spawn
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from auturi.executor.shm.channel import EXIT, process_state
+
+PRELOAD = ["auturi.executor.shm.preload"]
+JOIN_SECONDS = 2.0
+
+
+def get_context(start_method: str | None = None) -> mp.context.BaseContext:
+    method = start_method or os.environ.get("AUTURI_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"start method {method!r} is not supported: use 'forkserver' or 'spawn' "
+                         f"('fork' breaks CUDA and copies the caller's threads)")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+_starting = threading.local()
+_stdlib_preparation_data = mp_spawn.get_preparation_data
+_hook_lock = threading.Lock()
+
+
+def _preparation_data(name: str) -> dict:
+    """``multiprocessing.spawn.get_preparation_data``, less the caller's ``__main__`` for
+    the processes Auturi starts (while ``_starting.ours`` is set in this thread).
+
+    By default every forkserver or spawn child re-imports the caller's main module: a
+    training script that imports torch or SB3 at the top made each env worker import them
+    too (~0.7 s per worker here, so a reconfigure to 6 env workers took 4 s, and env
+    workers carried torch). Our children need nothing from ``__main__``: env factories and
+    policies travel cloudpickled (by value when defined there) and the entry point is
+    ``worker.worker_main``. A side effect users will like: a script without an
+    ``if __name__ == "__main__":`` guard no longer re-runs in every worker."""
+    data = _stdlib_preparation_data(name)
+    if getattr(_starting, "ours", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+def install_main_filter() -> None:
+    """Install :func:`_preparation_data` in ``multiprocessing.spawn`` (idempotent).
+    ``popen_forkserver``/``popen_spawn_posix`` look the function up per call; processes
+    started by anyone else are unaffected (the flag is set only by :func:`start_without_main`)."""
+    with _hook_lock:
+        if mp_spawn.get_preparation_data is not _preparation_data:
+            mp_spawn.get_preparation_data = _preparation_data
+
+
+def start_without_main(proc: Any) -> None:
+    """``proc.start()`` without the caller's ``__main__`` in the child (see :func:`_preparation_data`)."""
+    install_main_filter()
+    _starting.ours = True
+    try:
+        proc.start()
+    finally:
+        _starting.ours = False
+
+
+def wait_exits(procs: list, timeout: float | None) -> None:
+    """Wait until every process of ``procs`` has exited, or ``timeout`` seconds in all."""
+    end = None if timeout is None else time.monotonic() + timeout
+    pending = {p.sentinel for p in procs}
+    while pending:
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        pending -= set(multiprocessing.connection.wait(list(pending), left))
+
+
+class Slot:
+    """One worker process of a layout: its kind and name, the semaphore that wakes it, the
+    process, and main's end of its pipe (env hosts send final observations and envs on it)."""
+
+    def __init__(self, kind: str, name: str, start_sem: Any):
+        self.kind, self.name, self.start_sem = kind, name, start_sem
+        self.proc: Any = None
+        self.conn: Any = None
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None and self.proc._popen is not None
+
+
+def end_slots(ctrl: Any, slots: dict[int, Slot]) -> None:
+    """End the processes of ``slots`` (control-block index -> slot): EXIT, then SIGTERM, then
+    SIGKILL, one deadline for all rather than ``JOIN_SECONDS`` per process in turn (an actor
+    busy in a collect whose workers already left only ends by a signal, and with many such
+    processes the turns added up to minutes); then close their pipes."""
+    started = [(i, s) for i, s in slots.items() if s.started]
+    if ctrl is not None:
+        for i, s in started:
+            if s.proc.is_alive():
+                ctrl["cmd"][i] = EXIT
+                s.start_sem.release()
+                if process_state(s.proc.pid) in ("T", "t"):  # stopped: let it run to take EXIT
+                    os.kill(s.proc.pid, signal.SIGCONT)
+    procs = [s.proc for _, s in started]
+    for stop in (None, "terminate", "kill"):
+        alive = [p for p in procs if p.is_alive()]
+        if not alive:
+            break
+        if stop is not None:
+            for p in alive:
+                getattr(p, stop)()
+        wait_exits(alive, None if stop == "kill" else JOIN_SECONDS)
+    for p in procs:
+        p.join()
+        p.close()
+    for s in slots.values():
+        if s.conn is not None:
+            s.conn.close()
+            s.conn = None
+
+
+def sigterm_exits() -> None:
+    """Make SIGTERM raise SystemExit in the main thread when nobody else handles it.
+
+    Python's default for SIGTERM is to die on the spot: no ``finally``, no ``atexit``, so
+    every worker, the forkservers and the named semaphores outlived the caller (measured).
+    As SystemExit it unwinds like Ctrl-C does: a collect in progress closes its executor,
+    ``atexit`` closes the others, and the process still exits with status 143. A handler the
+    user (or a framework) installed is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _raise_exit)
+    except (ValueError, OSError):  # not settable here (embedded interpreters)
+        pass
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_reason(code: int | None) -> str:
+    """How a worker ended, in words, from its exit code."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited unexpectedly with code {code}"

@@ -1,0 +1,135 @@
+"""Reconfigure without losing anything (issue 15, item 2).
+
+The contract: with envs that survive a pickle round trip, a rollout collected after any
+number of reconfigures equals, bit for bit, the serial run that never reconfigured (the
+policy is batch-independent); live processes whose role is unchanged stay alive; an env that
+cannot move is recreated and its episode cut (row 0 starts a new one, with no done before it),
+the others go on. ``last_reconfigure`` counts what happened."""
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import pytest
+
+from auturi import Config, make_executor
+from auturi.envs import CountingEnv
+from tests.helpers import ObsHashPolicy
+
+try:  # the shared helpers are moving to tests/helpers.py (issue 14, item 4)
+    from tests.helpers import assert_same
+except ImportError:
+    from tests.test_executor_contract import assert_same
+
+N = 8
+A = Config(envs_per_actor=8, env_parallel_degree=2)
+PAIRS = [  # (from, to): one knob at a time, and a few that change everything
+    (A, A.replace(env_parallel_degree=4)),
+    (A, A.replace(policy_batch_size=4)),
+    (A.replace(policies_per_actor=2, policy_batch_size=4), A.replace(policies_per_actor=2, policy_batch_size=2)),
+    (A, Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)),
+    (Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2),
+     Config.serial(N)),
+    (Config.serial(N), Config(num_actors=4, envs_per_actor=2, env_parallel_degree=2)),
+    (Config(envs_per_actor=8, env_parallel_degree=8), Config(num_actors=2, envs_per_actor=4, policies_per_actor=2,
+                                                             policy_batch_size=3)),
+]
+STEPS = (5, 9, 6)  # episodes (max_len 7) end mid-rollout and run across every reconfigure
+
+
+def env_fn():
+    return CountingEnv(max_len=7)
+
+
+class LockedEnv(CountingEnv):
+    """A CountingEnv holding a lock: it cannot be pickled, so it cannot move live."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.lock = threading.Lock()
+
+
+def collect_all(backend, configs, make=env_fn, seed=5):
+    """One rollout per config, reconfiguring before each but the first; and each reconfigure's report."""
+    with make_executor(make, ObsHashPolicy(make().action_space), num_envs=N, config=configs[0], backend=backend,
+                       seed=seed) as ex:
+        out, reports = [ex.collect(STEPS[0])], []
+        for c, steps in zip(configs[1:], STEPS[1:]):
+            ex.reconfigure(c)
+            reports.append(dict(ex.last_reconfigure))
+            out.append(ex.collect(steps))
+        return out, reports, ex.envs_movable
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The serial run that never reconfigures."""
+    return collect_all("serial", [Config.serial(N)] * len(STEPS))[0]
+
+
+@pytest.mark.parametrize("backend", ["serial", "shm"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0].num_actors}x{p[0].env_parallel_degree}"
+                         f"x{p[0].policies_per_actor}b{p[0].policy_batch_size}")
+def test_rollouts_after_reconfigures_equal_the_serial_run(backend, pair, reference):
+    got, reports, movable = collect_all(backend, [pair[0], pair[1], pair[0]])
+    assert movable
+    assert_same(got, reference)
+    for r in reports:
+        assert set(r) == {"seconds", "kept", "started", "ended", "moved", "recreated"}
+        assert r["recreated"] == 0 and r["seconds"] > 0
+    for before, after in zip(got, got[1:]):  # no episode was cut: row 0 starts one only after a done
+        np.testing.assert_array_equal(after.episode_starts[0], before.last_episode_starts)
+
+
+def test_counts_of_one_knob_changes():
+    """Degree 2 -> 4 (one actor, in the caller): the old worker ends, three start, and the envs
+    of the caller's share and of the old worker that change process move live. A batch change
+    keeps every process and moves nothing."""
+    _, reports, _ = collect_all("shm", [A, A.replace(env_parallel_degree=4), A.replace(env_parallel_degree=4,
+                                                                                       policy_batch_size=4)])
+    deg, batch = reports
+    # envs 0-3 main, 4-7 worker -> 0-1 main, 2-3, 4-5, 6-7 workers: 2, 3 leave main; 4-7 change worker
+    assert (deg["kept"], deg["started"], deg["ended"], deg["moved"], deg["recreated"]) == (0, 3, 1, 6, 0)
+    assert (batch["kept"], batch["started"], batch["ended"], batch["moved"], batch["recreated"]) == (3, 0, 0, 0, 0)
+
+
+def test_kept_processes_are_the_same_processes():
+    two = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=two, backend="shm") as ex:
+        ex.collect(3)
+        pids = {s.name: s.proc.pid for s in ex._slots.values()}  # the backend's own record of its workers
+        ex.reconfigure(two.replace(policy_batch_size=1))
+        after = {s.name: s.proc.pid for s in ex._slots.values()}
+        r = ex.last_reconfigure
+        ex.collect(3)
+    kept = {n for n in pids if not n.startswith("actor")}  # env workers and replicas; actors restart
+    assert {n: after[n] for n in kept} == {n: pids[n] for n in kept}
+    assert all(after[n] != pids[n] for n in pids if n.startswith("actor"))
+    # the actors restart: the envs they step themselves (2 each) move live to their new processes
+    assert (r["kept"], r["started"], r["ended"], r["moved"], r["recreated"]) == (6, 2, 2, 4, 0)
+
+
+def test_envs_that_cannot_move_are_recreated_and_their_episodes_cut():
+    make = functools.partial(LockedEnv, max_len=50)
+    configs = [A, A.replace(env_parallel_degree=4)]
+    got, (r,), movable = collect_all("shm", configs, make=make)
+    assert not movable
+    # envs 2-7 changed process: recreated, a new episode at row 0 without a done before it;
+    # envs 0-1 stayed in the caller's runner and go on
+    starts = got[1].episode_starts[0]
+    assert starts.tolist() == [False, False, True, True, True, True, True, True]
+    assert not got[0].last_episode_starts.any()
+    np.testing.assert_array_equal(got[1].observations[0, :2], got[0].last_observations[:2])
+    assert not np.array_equal(got[1].observations[0, 2:], got[0].last_observations[2:])
+    assert (r["moved"], r["recreated"]) == (0, 6)  # 0-1 stay in the caller's process: not moves
+
+
+def test_reconfigure_before_the_first_collect_changes_no_data(reference):
+    """Envs not reset yet are made anew where they go, with the same seeds."""
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=A, backend="shm",
+                       seed=5) as ex:
+        ex.reconfigure(Config(num_actors=2, envs_per_actor=4, env_parallel_degree=4))
+        assert ex.last_reconfigure["recreated"] == 0
+        got = [ex.collect(s) for s in STEPS]
+    assert_same(got, reference)
