@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
+from auturi.sampling import categorical_from_uniform, normal_from_uniform
+
 PolicyOutput = tuple[np.ndarray, dict[str, np.ndarray]]
 
 
@@ -196,9 +198,7 @@ class TorchPolicy:
                 if self.deterministic:
                     a = logp_all.argmax(dim=-1)
                 else:
-                    u = torch.as_tensor(noise[:, :1], device=dev)
-                    cdf = logp_all.exp().cumsum(dim=-1)
-                    a = (cdf < u).sum(dim=-1).clamp_(max=params.shape[-1] - 1)
+                    a = categorical_from_uniform(logp_all.exp(), torch.as_tensor(noise[:, 0], device=dev))
                 logp = logp_all.gather(-1, a.unsqueeze(-1)).squeeze(-1)
                 actions = (a + int(self.action_space.start)).cpu().numpy()
             else:
@@ -207,8 +207,7 @@ class TorchPolicy:
                 if self.deterministic:
                     a = params
                 else:
-                    u = torch.as_tensor(noise, device=dev).clamp(1e-6, 1 - 1e-6).view_as(params)
-                    a = params + std * torch.special.ndtri(u)
+                    a = normal_from_uniform(params, std, torch.as_tensor(noise, device=dev))
                 logp = torch.distributions.Normal(params, std).log_prob(a).sum(dim=-1)
                 actions = a.cpu().numpy().astype(self.action_space.dtype, copy=False)
             return actions, {

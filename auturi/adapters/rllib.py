@@ -43,7 +43,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.adapters.sb3 import _inverse_cdf, _tuner_kwargs
+from auturi.adapters.common import check_face_options, tuner_kwargs
+from auturi.sampling import categorical_from_uniform, normal_from_uniform
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError
 
@@ -206,11 +207,9 @@ class RLModulePolicy:
             dist = self._dist_cls.from_logits(inputs)
             u = torch.as_tensor(np.ascontiguousarray(noise), device=dev)
             if self.kind == "categorical":
-                a = _inverse_cdf(dist._dist.probs, u[:, 0])
+                a = categorical_from_uniform(dist._dist.probs, u[:, 0])
             else:
-                normal = dist._dist
-                z = torch.special.ndtri(u.clamp(1e-7, 1 - 1e-7).to(normal.loc.dtype)).reshape(normal.loc.shape)
-                a = normal.loc + normal.scale * z
+                a = normal_from_uniform(dist._dist.loc, dist._dist.scale, u)
             logp = dist.logp(a)
         extras = {"action_logp": logp.float().cpu().numpy(), "action_dist_inputs": inputs.float().cpu().numpy()}
         actions = a.cpu().numpy()
@@ -543,16 +542,16 @@ def _build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
     if start.num_envs != n:
         raise ConfigError("num_actors*envs_per_actor", start.num_envs, f"must equal the total envs {n}")
     executor = make_executor([factory] * n, adapter, num_envs=n, config=start, backend=opts["backend"],
-                             seed=int(seed))
+                             seed=int(seed), worker_timeout=opts.get("worker_timeout"))
     tuner = None
     try:
         if opts.get("config") is None and opts["tune"]:
-            from auturi.tuner.tuner import OnlineTuner
+            from auturi.tuner import OnlineTuner
 
             tuner = OnlineTuner(executor, strategy=opts["strategy"], seed=int(seed),
                                 workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?",
                                           "env": factory.name},
-                                **_tuner_kwargs(opts.get("budget")))
+                                **tuner_kwargs(opts.get("budget")))
     except BaseException:
         executor.close()
         raise
@@ -609,7 +608,8 @@ def _check_supported(cfg: Any) -> None:
 
 
 def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
-               budget: Any = None, backend: str = "shm", seed: int | None = None) -> Any:
+               budget: Any = None, backend: str = "shm", seed: int | None = None,
+               worker_timeout: float | None = None) -> Any:
     """Make the algorithm built from ``algo_config`` sample through an Auturi executor.
 
     Returns the same ``AlgorithmConfig`` object (changed in place, like its builder methods):
@@ -627,6 +627,9 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
         backend: ``"shm"`` (processes and shared memory) or ``"serial"``.
         seed: env ``i`` is seeded ``seed + i`` and the action noise is keyed by it. Default:
             ``config.debugging(seed=...)`` (RLlib seeds its sub-envs the same way), else random.
+        worker_timeout: seconds a worker may go without progress before ``train()`` raises
+            :class:`~auturi.WorkerError` naming it with its stack; ``None``: 60 s (or
+            ``$AUTURI_WORKER_TIMEOUT``).
 
     Raises:
         UnsupportedConfigError: another algorithm, the old API stack, multi-agent, custom
@@ -635,8 +638,7 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
     _check_supported(algo_config)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
-    if backend not in ("shm", "serial"):
-        raise ValueError(f"backend must be 'shm' or 'serial', got {backend!r}")
+    check_face_options(backend, worker_timeout)
     if seed is not None and int(seed) < 0:
         raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
     runners, per = int(algo_config.num_env_runners or 0), int(algo_config.num_envs_per_env_runner)
@@ -650,6 +652,7 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
                                                              policy_batch_size=per)
     setattr(algo_config, _OPTIONS, {
         "config": config, "tune": bool(tune), "strategy": strategy, "budget": budget, "backend": backend,
+        "worker_timeout": worker_timeout,
         "seed": None if seed is None else int(seed), "start": start,
         "restore": {"num_env_runners": algo_config.num_env_runners, "num_envs_per_env_runner": per},
     })

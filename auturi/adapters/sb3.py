@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import time
 import types
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +43,8 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.errors import AuturiError
+from auturi.adapters.common import check_face_options, tuner_kwargs
+from auturi.sampling import categorical_from_uniform, normal_from_uniform
 
 __all__ = [
     "EnvFactory",
@@ -418,19 +419,14 @@ class SB3PolicyAdapter:
         import torch
 
         if self.kind == "categorical":
-            return _inverse_cdf(dist.distribution.probs, u[:, 0])
+            return categorical_from_uniform(dist.distribution.probs, u[:, 0])
         if self.kind == "multicategorical":
-            return torch.stack([_inverse_cdf(d.probs, u[:, j]) for j, d in enumerate(dist.distribution)], dim=1)
+            return torch.stack([categorical_from_uniform(d.probs, u[:, j]) for j, d in enumerate(dist.distribution)],
+                               dim=1)
         if self.kind == "bernoulli":
             return (u < dist.distribution.probs).to(dist.distribution.probs.dtype)
         normal = dist.distribution
-        z = torch.special.ndtri(u.clamp(1e-7, 1 - 1e-7).to(normal.mean.dtype)).reshape(normal.mean.shape)
-        return normal.mean + normal.stddev * z
-
-
-def _inverse_cdf(probs: Any, u: Any):
-    cdf = probs.cumsum(dim=-1)
-    return (cdf < u.unsqueeze(-1).to(cdf.dtype)).sum(dim=-1).clamp_(max=probs.shape[-1] - 1)
+        return normal_from_uniform(normal.mean, normal.stddev, u)
 
 
 # =========================================================================== env recovery
@@ -607,6 +603,15 @@ def _same_space(a: gym.Space, b: gym.Space) -> bool:
 
 
 # ================================================================================ handle
+def _policy_state(model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
+    """What the replicas load: the policy's weights and, with VecNormalize, its observation statistics."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.policy.state_dict().items()}
+    if vecnorm is not None and vecnorm.norm_obs:
+        state[_STATE_PREFIX + "obs_mean"] = np.asarray(vecnorm.obs_rms.mean, dtype=np.float64)
+        state[_STATE_PREFIX + "obs_var"] = np.asarray(vecnorm.obs_rms.var, dtype=np.float64)
+    return state
+
+
 class SB3Handle:
     """What :func:`wrap_sb3` attaches to the model as ``model.auturi``: the executor, the
     optional online tuner and the last rollout's stats. ``close()`` ends the workers."""
@@ -632,12 +637,7 @@ class SB3Handle:
         return self.executor.config
 
     def state(self, model: Any) -> dict[str, np.ndarray]:
-        state = {k: v.detach().cpu().numpy() for k, v in model.policy.state_dict().items()}
-        vn = self.vecnorm
-        if vn is not None and vn.norm_obs:
-            state[_STATE_PREFIX + "obs_mean"] = np.asarray(vn.obs_rms.mean, dtype=np.float64)
-            state[_STATE_PREFIX + "obs_var"] = np.asarray(vn.obs_rms.var, dtype=np.float64)
-        return state
+        return _policy_state(model, self.vecnorm)
 
     def collect(self, model: Any, num_steps: int) -> Any:
         state = self.state(model)
@@ -836,29 +836,6 @@ def _excluded_save_params(self: Any) -> list[str]:
     return [*type(self)._excluded_save_params(self), *_PATCHED]
 
 
-def _tuner_kwargs(budget: Any) -> dict[str, Any]:
-    if budget is None:
-        return {}
-    if isinstance(budget, Mapping):
-        return dict(budget)
-    if isinstance(budget, bool):
-        raise TypeError("budget must be None, an int (configs to try), a float (seconds) or a dict")
-    if isinstance(budget, int):
-        return {"budget_trials": budget}
-    if isinstance(budget, float):
-        return {"budget_trials": None, "budget_seconds": budget}
-    raise TypeError(f"budget must be None, an int (configs to try), a float (seconds) or a dict of OnlineTuner "
-                    f"arguments, got {budget!r}")
-
-
-def _online_tuner_class() -> Any:
-    try:
-        from auturi.tuner.tuner import OnlineTuner
-    except ImportError:
-        return None
-    return OnlineTuner if hasattr(OnlineTuner, "collect") else None
-
-
 def _resolve_seed(model: Any, seed: int | None, base_venv: Any) -> int:
     if seed is None:
         seed = getattr(model, "seed", None)
@@ -877,7 +854,7 @@ def _resolve_seed(model: Any, seed: int | None, base_venv: Any) -> int:
 def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
              budget: Any = None, backend: str = "shm", status_port: int | None = None,
              env_fn: Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]] | None = None,
-             seed: int | None = None, deterministic: bool = False) -> Any:
+             seed: int | None = None, deterministic: bool = False, worker_timeout: float | None = None) -> Any:
     """Make ``model.learn()`` collect its experience through an Auturi executor.
 
     Returns the same ``model`` object. ``learn``, ``save``, ``load``, ``predict``, callbacks,
@@ -904,6 +881,9 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         seed: env ``i`` is seeded ``seed + i`` and the action noise is keyed by it. Default:
             ``model.seed``, else the VecEnv's pending seeds, else a random one.
         deterministic: act with the mode of the action distribution (for tests/evaluation).
+        worker_timeout: seconds a worker may go without progress (a stuck env step, a stopped
+            process) before ``learn`` raises :class:`~auturi.WorkerError` naming it with its
+            stack; ``None``: ``$AUTURI_WORKER_TIMEOUT``, else 60 s.
 
     Raises:
         NotImplementedError: off-policy algorithms, gSDE, unsupported VecEnv wrappers or
@@ -949,6 +929,7 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
                                   f"policy uses {dist}")
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
+    check_face_options(backend, worker_timeout)
     n = int(model.n_envs)
     if config is not None and config.num_envs != n:
         from auturi.errors import ConfigError
@@ -991,19 +972,21 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
                                learning_rate=float(model.lr_schedule(1)), deterministic=deterministic,
                                normalize=normalize)
     seed = _resolve_seed(model, seed, base_venv)
-    handle_tmp = SB3Handle(model, None, adapter, vecnorm, model.env, None, seed, raw_space)
-    adapter.load_state(handle_tmp.state(model))
+    adapter.load_state(_policy_state(model, vecnorm))
 
     # --- executor and tuner
     from auturi.executor import make_executor
 
-    tuner_cls = _online_tuner_class() if (tune and config is None) else None
+    from auturi.tuner import OnlineTuner
+
+    tuner_cls = OnlineTuner if (tune and config is None) else None
     start = config or Config.serial(n)
-    executor = make_executor(factories, adapter, num_envs=n, config=start, backend=backend, seed=seed)
+    executor = make_executor(factories, adapter, num_envs=n, config=start, backend=backend, seed=seed,
+                             worker_timeout=worker_timeout)
     tuner = None
     snapshot = server = None
     try:
-        tkw = _tuner_kwargs(budget)
+        tkw = tuner_kwargs(budget)
         if status_port is not None:
             snapshot = _status_snapshot()
             if tuner_cls is not None:
@@ -1030,8 +1013,6 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
             server.stop()
         executor.close()
         raise
-    if tune and config is None and tuner_cls is None:
-        warnings.warn("auturi.tuner.OnlineTuner is not available: collecting with the serial config", stacklevel=2)
 
     handle = SB3Handle(model, executor, adapter, vecnorm, model.env, tuner, seed, raw_space)
     handle.snapshot, handle.server = snapshot, server
