@@ -270,7 +270,7 @@ class RLlibHandle:
             out["trials"] = len(t.history)
             best = t.best()
             if best is not None:
-                out["best_steps_per_s"] = float(best.mean)
+                out["best_steps_per_s"] = float(best.estimate)
             if t.locked is not None:
                 res = t.result()
                 out["choice"] = str(res.choice)

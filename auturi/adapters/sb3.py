@@ -674,7 +674,7 @@ class SB3Handle:
         log.record("auturi/tuner_trials", len(t.history))
         best = t.best()
         if best is not None:
-            log.record("auturi/best_steps_per_second", float(best.mean))
+            log.record("auturi/best_steps_per_second", float(best.estimate))
         if t.locked is not None:
             res = t.result()
             log.record("auturi/choice", str(res.choice), exclude=("tensorboard",))
