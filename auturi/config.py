@@ -108,7 +108,8 @@ class Config:
 
     @property
     def num_processes(self) -> int:
-        """Processes this config starts besides the caller's."""
+        """Processes this config starts besides the caller's (the ``shm`` layout plan's
+        count, ``plan_layout(config).num_processes``: tests/test_layout.py checks they agree)."""
         actors = self.num_actors if self.num_actors > 1 else 0
         envs = self.env_parallel_degree - 1
         pols = self.policies_per_actor if self.policies_per_actor > 1 else 0
@@ -117,7 +118,8 @@ class Config:
     @property
     def processes_per_actor(self) -> int:
         """Processes one actor runs when it is its own process (as on the ``ray`` backend):
-        itself, ``degree - 1`` env workers, and its replicas when there is more than one."""
+        itself, ``degree - 1`` env workers, and its replicas when there is more than one
+        (each Ray actor's process count in the layout plan: tests/test_layout.py checks it)."""
         return self.env_parallel_degree + (self.policies_per_actor if self.policies_per_actor > 1 else 0)
 
     def actor_env_ids(self, actor: int) -> range:

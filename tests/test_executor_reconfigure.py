@@ -8,12 +8,13 @@ the others go on. ``last_reconfigure`` counts what happened."""
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import numpy as np
 import pytest
 
-from auturi import Config, make_executor
+from auturi import Config, WorkerError, make_executor
 from auturi.envs import CountingEnv
 from tests.helpers import ObsHashPolicy
 
@@ -48,6 +49,15 @@ class LockedEnv(CountingEnv):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.lock = threading.Lock()
+
+
+class FlagEnv(CountingEnv):
+    """Fails to be made once the file ``flag`` exists."""
+
+    def __init__(self, flag: str, **kw):
+        if os.path.exists(flag):
+            raise RuntimeError("FlagEnv: made after the flag was set, on purpose")
+        super().__init__(**kw)
 
 
 def collect_all(backend, configs, make=env_fn, seed=5):
@@ -133,3 +143,16 @@ def test_reconfigure_before_the_first_collect_changes_no_data(reference):
         assert ex.last_reconfigure["recreated"] == 0
         got = [ex.collect(s) for s in STEPS]
     assert_same(got, reference)
+
+
+def test_a_worker_failing_to_start_during_a_reconfigure_leaves_nothing(tmp_path):
+    """The old worker was told to leave when the new ones failed: close() still ends it (the
+    autouse fixture checks that no process, segment or semaphore name is left)."""
+    flag = tmp_path / "fail"
+    make = functools.partial(FlagEnv, flag=str(flag))
+    ex = make_executor(make, ObsHashPolicy(CountingEnv().action_space), num_envs=N, config=A, backend="shm")
+    flag.touch()  # envs not reset yet are made anew where they go: from now on that fails
+    with pytest.raises(WorkerError, match="env worker"):
+        ex.reconfigure(A.replace(env_parallel_degree=4))
+    with pytest.raises(Exception, match="closed"):
+        ex.collect(1)

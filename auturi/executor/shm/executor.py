@@ -65,6 +65,7 @@ class ShmExecutor(Executor):
     def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
         self._ctx = get_context(start_method)
         self._slots: dict[int, Slot] = {}  # control-block index -> live worker
+        self._leaving: dict[int, Slot] = {}  # workers a reconfigure in progress is ending
         self._by_role: dict[tuple, int] = {}  # a live worker's role (ProcessPlan.role, actor) -> its index
         self._plan: LayoutPlan | None = None
         self._ctrl: ArrayBlock | None = None
@@ -100,9 +101,12 @@ class ShmExecutor(Executor):
             # Pickled apart: an env worker must not unpickle the policy (that would import
             # torch there), and a replica need not build env factories.
             self._payloads = (cloudpickle.dumps(self.env_fns), cloudpickle.dumps(self.policy))
-        fits = self._ctrl is not None and len(new.processes) <= len(self._ctrl["seq"])
-        keep = self._kept(new) if fits else {}
+        keep = self._kept(new)
         ending = {i: s for i, s in self._slots.items() if i not in keep.values()}
+        # the ending workers' slots stay theirs until they have left (they leave while the new start)
+        fits = self._ctrl is not None and len(new.processes) + len(ending) <= len(self._ctrl["seq"])
+        if not fits:
+            keep, ending = {}, dict(self._slots)
         reuse_main = (self._host is not None and new.main.actor is not None
                       and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
         live = self._take_envs(ending, reuse_main)
@@ -115,16 +119,23 @@ class ShmExecutor(Executor):
         recreated = changed - moved
         _close_envs(v for e, v in live.items() if e not in moved)
         old_host, self._host = self._host, None
-        self._end(ending)
+        for i in ending:  # from here on their exits are expected, not failures
+            self._slots.pop(i)
+        self._leaving = ending  # ended by close() too, should anything below fail
         if not fits:
+            self._end(ending)
             self._close_control_block()
             self._new_control_block(config)
+        else:
+            processes.ask_exit(self._ctrl, ending)
         if old is None or (recreated and self._steps_done):
             self._generation += 1  # envs made from here on get new seeds (the first layout: generation 0)
         self._plan = new
         live = {e: v for e, v in live.items() if e in moved and v is not None}
-        started = self._start(new, keep, live)
+        started = self._start(new, keep, live, set(ending))
         self._wait_started(started)
+        self._end(ending)
+        self._leaving = {}
         self._make_host(new, old_host if reuse_main else None, live)
         if old_host is not None and not reuse_main:
             old_host.close()  # closes the envs it did not hand over
@@ -196,12 +207,13 @@ class ShmExecutor(Executor):
         return {"seed": self.seed, "generation": self._generation, "id_offset": self.env_id_offset,
                 "spin": self._spin_seconds(), "timeout": self.worker_timeout}
 
-    def _start(self, plan: LayoutPlan, keep: dict[str, int], live: dict[int, Any]) -> list[int]:
-        """Start the plan's processes that no live worker keeps doing; returns their indices.
-        Actors start last: their lanes name their workers' slots."""
+    def _start(self, plan: LayoutPlan, keep: dict[str, int], live: dict[int, Any], leaving: set[int]) -> list[int]:
+        """Start the plan's processes that no live worker keeps doing, on slots neither kept
+        nor ``leaving``; returns their indices. Actors start last: their lanes name their
+        workers' slots."""
         ctrl = self._ctrl
         assert ctrl is not None
-        free = iter(sorted(set(range(len(ctrl["seq"]))) - set(keep.values())))
+        free = iter(sorted(set(range(len(ctrl["seq"]))) - set(keep.values()) - leaving))
         index = dict(keep)
         for p in plan.processes:
             if p.name not in index:
@@ -381,7 +393,8 @@ class ShmExecutor(Executor):
             raise WorkerError(s.name, processes.exit_reason(s.proc.exitcode), tb, self._applying)
 
     def _end(self, ending: dict[int, Slot]) -> None:
-        """End the workers ``ending`` (a reconfigure drops them); unlink their semaphore names."""
+        """End the workers ``ending`` (no longer in ``_slots``, or all of them at close);
+        unlink their semaphore names."""
         try:
             processes.end_slots(self._ctrl, ending)
         finally:
@@ -400,9 +413,9 @@ class ShmExecutor(Executor):
                 host.close()
             if self._ctrl is not None:
                 self._ctrl["hdr"][CLOSING] = 1
-            self._end(dict(self._slots))
+            self._end({**self._leaving, **self._slots})
         finally:
-            self._slots = {}
+            self._slots, self._leaving = {}, {}
             self._close_control_block()
             if self._closed and self._weights is not None:
                 self._weights.close()

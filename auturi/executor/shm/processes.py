@@ -100,20 +100,25 @@ class Slot:
         return self.proc is not None and self.proc._popen is not None
 
 
+def ask_exit(ctrl: Any, slots: dict[int, Slot]) -> None:
+    """Send EXIT to the live processes of ``slots`` (index -> slot) without waiting for them."""
+    if ctrl is None:
+        return
+    for i, s in slots.items():
+        if s.started and s.proc.is_alive():
+            ctrl["cmd"][i] = EXIT
+            s.start_sem.release()
+            if process_state(s.proc.pid) in ("T", "t"):  # stopped: let it run to take EXIT
+                os.kill(s.proc.pid, signal.SIGCONT)
+
+
 def end_slots(ctrl: Any, slots: dict[int, Slot]) -> None:
     """End the processes of ``slots`` (control-block index -> slot): EXIT, then SIGTERM, then
     SIGKILL, one deadline for all rather than ``JOIN_SECONDS`` per process in turn (an actor
     busy in a collect whose workers already left only ends by a signal, and with many such
     processes the turns added up to minutes); then close their pipes."""
-    started = [(i, s) for i, s in slots.items() if s.started]
-    if ctrl is not None:
-        for i, s in started:
-            if s.proc.is_alive():
-                ctrl["cmd"][i] = EXIT
-                s.start_sem.release()
-                if process_state(s.proc.pid) in ("T", "t"):  # stopped: let it run to take EXIT
-                    os.kill(s.proc.pid, signal.SIGCONT)
-    procs = [s.proc for _, s in started]
+    ask_exit(ctrl, slots)
+    procs = [s.proc for s in slots.values() if s.started]
     for stop in (None, "terminate", "kill"):
         alive = [p for p in procs if p.is_alive()]
         if not alive:
