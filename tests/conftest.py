@@ -1,6 +1,7 @@
 """Every test must leave no worker process and no shared-memory segment behind."""
 from __future__ import annotations
 
+import logging
 import multiprocessing.resource_tracker as resource_tracker
 import os
 
@@ -61,3 +62,17 @@ def no_leaks():
     assert our_segments() - before == set(), "shared-memory segments or named semaphores leaked"
     left = live_children()
     assert not left, f"worker processes left running: {[(p.pid, p.name()) for p in left]}"
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A small local Ray instance for one test module, skipped only when Ray is not installed.
+    8 logical CPUs: Ray only counts them (this machine may have 2 cores), and an actor of the
+    contract's configs asks for up to 5 (its processes)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING, object_store_memory=80 * 2**20)
+    yield ray
+    ray.shutdown()

@@ -1,13 +1,67 @@
-"""Policies and envs for the executor tests (importable by worker processes)."""
+"""What several test modules share (importable by worker processes): the contract suite's
+configs and run/compare helpers, policies and envs for the executor tests, and
+:class:`FakeExecutor` for the tuner tests."""
 from __future__ import annotations
 
+import functools
 import os
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
+from auturi import Config, ConfigError, make_executor
 from auturi.envs import CountingEnv, FaultyEnv
+from auturi.rollout import CollectStats
+
+# ---------------------------------------------------------------------------- the contract's runs
+N = 4
+CONFIGS = [
+    Config.serial(N),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=4),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=2),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policy_batch_size=3),
+    Config(num_actors=2, envs_per_actor=2),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=1),
+    Config(num_actors=4, envs_per_actor=1),
+]
+
+
+def ids(c: Config) -> str:
+    return f"A{c.num_actors}E{c.envs_per_actor}D{c.env_parallel_degree}P{c.policies_per_actor}B{c.policy_batch_size}"
+
+
+def counting(action="discrete", **kw):
+    return functools.partial(CountingEnv, action=action, **kw)
+
+
+def run(backend, config, env_fn=None, steps=(7, 7, 5), seed=3, policy=None):
+    """The rollouts of consecutive collects of ``steps`` steps on ``N`` envs."""
+    env_fn = env_fn or counting()
+    space = env_fn().action_space
+    policy = policy or ObsHashPolicy(space)
+    with make_executor(env_fn, policy, num_envs=N, config=config, backend=backend, seed=seed) as ex:
+        return [ex.collect(s) for s in steps]
+
+
+def assert_same(rollouts_a, rollouts_b):
+    """Bit for bit: every array, every final observation and info."""
+    for ra, rb in zip(rollouts_a, rollouts_b):
+        a, b = ra.arrays(), rb.arrays()
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        assert ra.final_observations.keys() == rb.final_observations.keys()
+        for k in ra.final_observations:
+            np.testing.assert_array_equal(ra.final_observations[k], rb.final_observations[k])
+        assert ra.final_infos == rb.final_infos
+
+
+# ---------------------------------------------------------------------------- policies
 
 
 class ObsHashPolicy:
@@ -154,3 +208,86 @@ class MisbehavingEnv(CountingEnv):
         elif self.fault == "no_info":
             info = None
         return obs, r, te, tr, info
+
+
+# ---------------------------------------------------------------------------- the tuner's fake executor
+@dataclass
+class FakeRollout:
+    """What a collect returns: stats like a real Rollout, plus which collect it was."""
+
+    stats: CollectStats
+    index: int
+    config: Config
+    num_steps: int
+
+
+class FakeExecutor:
+    """An executor for the tuner tests: no process is started and nothing depends on real time.
+
+    Throughput ``truth(config) * (1 + noise * N(0, 1))``; the first collect after a
+    reconfigure runs at ``warmup_factor`` of that. Time is a fake clock (``clock()``) that
+    collects and reconfigures advance. ``slowdown[config]`` multiplies a config's throughput
+    (to simulate a drift); ``fail_on`` configs raise in collect."""
+
+    backend = "fake"
+
+    def __init__(self, num_envs: int, truth: Callable[[Config], float], noise: float = 0.0, seed: int = 0,
+                 config: Config | None = None, warmup_factor: float = 0.5, reconfigure_seconds: float = 0.5):
+        self.num_envs = num_envs
+        self.truth, self.noise = truth, noise
+        self.rng = np.random.default_rng(seed)
+        self._config = config or Config.serial(num_envs)
+        self.warmup_factor, self.reconf_s = warmup_factor, reconfigure_seconds
+        self.now = 0.0
+        self.collects = 0
+        self.reconfigures = 0
+        self.log: list[tuple[str, Config]] = []
+        self.slowdown: dict[Config, float] = {}
+        self.fail_on: set[Config] = set()
+        self.closed = False
+        self._fresh = True
+
+    def clock(self) -> float:
+        return self.now
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def reconfigure(self, config: Config) -> float:
+        if self.closed:
+            raise RuntimeError("closed")
+        if config.num_envs != self.num_envs:
+            raise ConfigError("num_actors*envs_per_actor", config.num_envs, f"must equal num_envs={self.num_envs}")
+        if config == self._config:
+            return 0.0
+        self._config = config
+        self._fresh = True
+        self.reconfigures += 1
+        self.log.append(("reconfigure", config))
+        self.now += self.reconf_s
+        return self.reconf_s
+
+    def true_sps(self, config: Config) -> float:
+        return self.truth(config) * self.slowdown.get(config, 1.0)
+
+    def collect(self, num_steps: int) -> FakeRollout:
+        if self._config in self.fail_on:
+            self.closed = True
+            raise RuntimeError(f"worker failed under {self._config}")
+        sps = self.true_sps(self._config) * max(0.05, 1.0 + self.noise * self.rng.standard_normal())
+        if self._fresh:
+            sps *= self.warmup_factor
+            self._fresh = False
+        steps = num_steps * self.num_envs
+        self.now += steps / sps
+        self.collects += 1
+        self.log.append(("collect", self._config))
+        return FakeRollout(CollectStats(steps, steps / sps), self.collects, self._config, num_steps)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def const(v: float) -> Callable[[Config], float]:
+    return lambda c: v

@@ -1,6 +1,7 @@
 """The executor's central contract: every backend and config gives the serial rollout.
 
-One suite over every backend (as SB3 tests every VecEnv): data equality bit for bit with a
+One suite over every backend, ``serial``, ``shm`` and ``ray`` (as SB3 tests every VecEnv; Ray
+on a local instance, see conftest's ``ray_local``): data equality bit for bit with a
 batch-independent policy, across consecutive collects whose episodes end mid-rollout and
 continue; plus seeding, terminal observations, reconfigure truncation and weight updates.
 It runs on envs that compute with their action (``ActionDtypeEnv``), so it also holds every
@@ -16,30 +17,20 @@ import pytest
 
 from auturi import Config, make_executor
 from auturi.envs import ActionDtypeEnv, CountingEnv, env_seed
-from tests.helpers import ObsHashPolicy
+from tests.helpers import CONFIGS, N, ObsHashPolicy, assert_same, counting, ids, run
 
-N = 4
-BACKENDS = ["serial", "shm"]
+__all__ = ["CONFIGS", "N", "assert_same", "counting", "ids", "run"]  # other modules import them from here
 
-CONFIGS = [
-    Config.serial(N),
-    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=4),
-    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
-    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=2),
-    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policy_batch_size=3),
-    Config(num_actors=2, envs_per_actor=2),
-    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1),
-    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=1, policies_per_actor=2, policy_batch_size=1),
-    Config(num_actors=4, envs_per_actor=1),
-]
+BACKENDS = ["serial", "shm", "ray"]
 
 
-def ids(c: Config) -> str:
-    return f"A{c.num_actors}E{c.envs_per_actor}D{c.env_parallel_degree}P{c.policies_per_actor}B{c.policy_batch_size}"
-
-
-def counting(action="discrete", **kw):
-    return functools.partial(CountingEnv, action=action, **kw)
+@pytest.fixture
+def backend(request):
+    """The backend under test; ``ray`` runs on the module's local Ray instance (conftest's
+    ``ray_local``, started at the first ray test and skipped only when Ray is not installed)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_local")
+    return request.param
 
 
 # The envs of the suite: CountingEnv, and envs whose steps depend on the action's type and dtype.
@@ -51,26 +42,12 @@ ENVS = {
     "dtype-multibinary": functools.partial(ActionDtypeEnv, action="multibinary"),
 }
 EVERY_CONFIG_ENVS = ["counting", "dtype-discrete", "dtype-box"]  # the rest: one hybrid config, below
-
-
-def run(backend, config, env_fn=None, steps=(7, 7, 5), seed=3, policy=None):
-    env_fn = env_fn or counting()
-    space = env_fn().action_space
-    policy = policy or ObsHashPolicy(space)
-    with make_executor(env_fn, policy, num_envs=N, config=config, backend=backend, seed=seed) as ex:
-        return [ex.collect(s) for s in steps]
-
-
-def assert_same(rollouts_a, rollouts_b):
-    for ra, rb in zip(rollouts_a, rollouts_b):
-        a, b = ra.arrays(), rb.arrays()
-        assert a.keys() == b.keys()
-        for k in a:
-            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
-        assert ra.final_observations.keys() == rb.final_observations.keys()
-        for k in ra.final_observations:
-            np.testing.assert_array_equal(ra.final_observations[k], rb.final_observations[k])
-        assert ra.final_infos == rb.final_infos
+# Ray runs every config on CountingEnv and the dtype envs on the hybrid config below: inside an
+# actor the same ActorHost as shm's hands each env its action, so every config x dtype env
+# again would only add Ray actor start-ups.
+EVERY_CONFIG_CASES = [(e, b) for e in EVERY_CONFIG_ENVS for b in ("serial", "shm")] + [("counting", "ray")]
+HYBRID_SPACES = ["box_action", "image_obs", "dtype-multidiscrete", "dtype-multibinary"]
+HYBRID_CASES = [(s, b) for b in BACKENDS for s in HYBRID_SPACES] + [(s, "ray") for s in ("dtype-discrete", "dtype-box")]
 
 
 @pytest.fixture(scope="module")
@@ -134,15 +111,13 @@ def test_serial_matches_a_dummy_vec_env_loop(env, serial_refs):
     assert not serial_reference[1].episode_starts[0].all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("config", CONFIGS, ids=ids)
-@pytest.mark.parametrize("env", EVERY_CONFIG_ENVS)
+@pytest.mark.parametrize("env,backend", EVERY_CONFIG_CASES, indirect=["backend"])
 def test_every_config_gives_the_serial_rollout(env, backend, config, serial_refs):
     assert_same(run(backend, config, ENVS[env]), serial_refs(env))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("space", ["box_action", "image_obs", "dtype-multidiscrete", "dtype-multibinary"])
+@pytest.mark.parametrize("space,backend", HYBRID_CASES, indirect=["backend"])
 def test_box_actions_and_image_observations(backend, space, serial_refs):
     if space == "box_action":
         env_fn = counting(action="box")
@@ -157,14 +132,14 @@ def test_box_actions_and_image_observations(backend, space, serial_refs):
     assert got[0].observations.dtype == (np.uint8 if space == "image_obs" else np.float32)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_changing_num_steps_between_collects(backend, serial_reference):
     cfg = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
     ref = run("serial", Config.serial(N), steps=(3, 9, 4))
     assert_same(run(backend, cfg, steps=(3, 9, 4)), ref)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_seeding(backend):
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
     a = run(backend, cfg, seed=1, steps=(6,))
@@ -174,7 +149,7 @@ def test_seeding(backend):
     assert not np.array_equal(a[0].observations, c[0].observations)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_weight_updates_reach_every_replica(backend):
     env_fn = counting()
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
@@ -187,8 +162,8 @@ def test_weight_updates_reach_every_replica(backend):
     assert (after.extras["values"] > 1e5).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_reconfigure_marks_moved_envs_as_new_episodes(backend):
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_reconfigure_goes_on_with_or_restarts_every_episode(backend):
     env_fn = counting(max_len=50)
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, backend=backend) as ex:
         first = ex.collect(3)
@@ -197,12 +172,15 @@ def test_reconfigure_marks_moved_envs_as_new_episodes(backend):
         assert seconds >= 0.0 and ex.last_reconfigure_seconds == seconds
         second = ex.collect(3)
         assert ex.reconfigure(ex.config) == 0.0  # same config: nothing to do
-    if backend == "shm":  # envs moved to worker processes: recreated, new episodes
+    # each env either goes on with its episode (its first row is its last observation, no
+    # start) or was recreated and starts a new one: never a silent jump
+    went_on = ~second.episode_starts[0]
+    np.testing.assert_array_equal(second.observations[0][went_on], first.last_observations[went_on])
+    if backend == "ray":  # the envs moved to new Ray actors: recreated, new episodes
         assert second.episode_starts[0].all()
         assert not np.array_equal(second.observations[0], first.last_observations)
-    else:  # the serial backend never moves an env: episodes simply continue
-        assert not second.episode_starts[0].any()
-        np.testing.assert_array_equal(second.observations[0], first.last_observations)
+    else:  # serial never moves an env; shm moves an env that pickles (CountingEnv does) live
+        assert went_on.all()
 
 
 def test_torch_mlp_policy_within_rounding():
@@ -266,7 +244,7 @@ def test_cuda_replicas_match_the_cpu_serial_rollout(config):
 def test_envpool_id_as_the_env_side(config):
     """An EnvPool id runs EnvPool's threaded pool inside each env host, same data as serial."""
     pytest.importorskip("envpool")
-    from auturi.adapters.envpool import EnvPoolSource
+    from auturi.envs.envpool import EnvPoolSource
 
     def go(backend, cfg):
         policy = ObsHashPolicy(EnvPoolSource("CartPole-v1").action_space)

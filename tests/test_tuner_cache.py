@@ -27,7 +27,7 @@ from auturi.tuner.cache import (
     fingerprint_key,
     save_record,
 )
-from tests.test_tuner_measure import FakeExecutor
+from tests.helpers import FakeExecutor
 
 BEST = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)
 

@@ -1,18 +1,14 @@
 """The measurement protocol: statistics, stopping rule, warm-up, caps, the interleaved
-re-measure. Also home of :class:`FakeExecutor`, which the other tuner tests import: an
-executor whose throughput is a known function of the config plus seeded noise, on a fake
-clock, so no process is started and nothing depends on real time."""
+re-measure, on :class:`tests.helpers.FakeExecutor`: throughput a known function of the config
+plus seeded noise, on a fake clock."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from auturi import Config, ConfigError
-from auturi.rollout import CollectStats
+from auturi import Config
 from auturi.tuner.measure import (
     MeasureProtocol,
     Trial,
@@ -22,87 +18,7 @@ from auturi.tuner.measure import (
     ratio,
     remeasure_interleaved,
 )
-
-
-# ---------------------------------------------------------------------------- the fake
-@dataclass
-class FakeRollout:
-    """What a collect returns: stats like a real Rollout, plus which collect it was."""
-
-    stats: CollectStats
-    index: int
-    config: Config
-    num_steps: int
-
-
-class FakeExecutor:
-    """Throughput ``truth(config) * (1 + noise * N(0, 1))``; the first collect after a
-    reconfigure runs at ``warmup_factor`` of that. Time is a fake clock (``clock()``) that
-    collects and reconfigures advance. ``slowdown[config]`` multiplies a config's throughput
-    (to simulate a drift); ``fail_on`` configs raise in collect."""
-
-    backend = "fake"
-
-    def __init__(self, num_envs: int, truth: Callable[[Config], float], noise: float = 0.0, seed: int = 0,
-                 config: Config | None = None, warmup_factor: float = 0.5, reconfigure_seconds: float = 0.5):
-        self.num_envs = num_envs
-        self.truth, self.noise = truth, noise
-        self.rng = np.random.default_rng(seed)
-        self._config = config or Config.serial(num_envs)
-        self.warmup_factor, self.reconf_s = warmup_factor, reconfigure_seconds
-        self.now = 0.0
-        self.collects = 0
-        self.reconfigures = 0
-        self.log: list[tuple[str, Config]] = []
-        self.slowdown: dict[Config, float] = {}
-        self.fail_on: set[Config] = set()
-        self.closed = False
-        self._fresh = True
-
-    def clock(self) -> float:
-        return self.now
-
-    @property
-    def config(self) -> Config:
-        return self._config
-
-    def reconfigure(self, config: Config) -> float:
-        if self.closed:
-            raise RuntimeError("closed")
-        if config.num_envs != self.num_envs:
-            raise ConfigError("num_actors*envs_per_actor", config.num_envs, f"must equal num_envs={self.num_envs}")
-        if config == self._config:
-            return 0.0
-        self._config = config
-        self._fresh = True
-        self.reconfigures += 1
-        self.log.append(("reconfigure", config))
-        self.now += self.reconf_s
-        return self.reconf_s
-
-    def true_sps(self, config: Config) -> float:
-        return self.truth(config) * self.slowdown.get(config, 1.0)
-
-    def collect(self, num_steps: int) -> FakeRollout:
-        if self._config in self.fail_on:
-            self.closed = True
-            raise RuntimeError(f"worker failed under {self._config}")
-        sps = self.true_sps(self._config) * max(0.05, 1.0 + self.noise * self.rng.standard_normal())
-        if self._fresh:
-            sps *= self.warmup_factor
-            self._fresh = False
-        steps = num_steps * self.num_envs
-        self.now += steps / sps
-        self.collects += 1
-        self.log.append(("collect", self._config))
-        return FakeRollout(CollectStats(steps, steps / sps), self.collects, self._config, num_steps)
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def const(v: float) -> Callable[[Config], float]:
-    return lambda c: v
+from tests.helpers import FakeExecutor, const
 
 
 # ---------------------------------------------------------------------------- statistics

@@ -8,7 +8,7 @@ import pytest
 
 from auturi import Config
 from auturi.tuner import OnlineTuner, build_space
-from tests.test_tuner_measure import FakeExecutor
+from tests.helpers import FakeExecutor
 
 N = 8
 SPACE = build_space(N, cores=8, devices=["cpu"])

@@ -28,7 +28,7 @@ from auturi.tuner import (
     make_strategy,
     predict,
 )
-from tests.test_tuner_measure import FakeExecutor
+from tests.helpers import FakeExecutor
 
 CORES = 8
 
