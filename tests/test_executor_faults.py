@@ -77,7 +77,7 @@ def test_worker_killed_mid_collect(config):
 def test_replica_killed_between_collects():
     ex = executor(functools.partial(FaultyEnv), REPLICAS)
     ex.collect(2)
-    victim = next(s.proc for s in ex._slots.values() if s.kind == "policy")
+    victim = next(s.proc for s in ex._slots if s.kind == "policy")
     os.kill(victim.pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="policy replica 0.*SIGKILL"):
         ex.collect(2)
@@ -107,7 +107,7 @@ def test_close_is_idempotent_and_frees_everything():
     ex = executor(functools.partial(FaultyEnv), Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2,
                                                       policies_per_actor=2))
     ex.collect(3)
-    pids = [s.proc.pid for s in ex._slots.values()]
+    pids = [s.proc.pid for s in ex._slots]
     assert len(pids) == 2 + 2 * (1 + 2)
     ex.close()
     ex.close()
@@ -123,7 +123,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2)
     ex = make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=4, config=cfg, backend="shm")
     ex.collect(20)
-    print(" ".join(str(s.proc.pid) for s in ex._slots.values()), flush=True)
+    print(" ".join(str(s.proc.pid) for s in ex._slots), flush=True)
     print("collecting", flush=True)
     while True:
         ex.collect(20)

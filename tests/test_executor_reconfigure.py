@@ -108,9 +108,9 @@ def test_kept_processes_are_the_same_processes():
     two = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=two, backend="shm") as ex:
         ex.collect(3)
-        pids = {s.name: s.proc.pid for s in ex._slots.values()}  # the backend's own record of its workers
+        pids = {s.name: s.proc.pid for s in ex._slots}  # the backend's own record of its workers
         ex.reconfigure(two.replace(policy_batch_size=1))
-        after = {s.name: s.proc.pid for s in ex._slots.values()}
+        after = {s.name: s.proc.pid for s in ex._slots}
         r = ex.last_reconfigure
         ex.collect(3)
     kept = {n for n in pids if not n.startswith("actor")}  # env workers and replicas; actors restart

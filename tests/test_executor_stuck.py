@@ -75,7 +75,7 @@ def test_an_env_step_that_never_returns_is_a_worker_error_with_its_stack(tmp_pat
 def test_a_stopped_worker_is_named_as_stopped(config, kind, expected):
     ex = executor(functools.partial(CountingEnv), config)
     ex.collect(3)
-    victim = next(s.proc.pid for s in ex._slots.values() if s.kind == kind)
+    victim = next(s.proc.pid for s in ex._slots if s.kind == kind)
     os.kill(victim, signal.SIGSTOP)
     try:
         with pytest.raises(WorkerError) as e:

@@ -31,7 +31,7 @@ class SliceExecutor(ShmExecutor):
     def kill_workers(self) -> None:
         """SIGKILL every worker process (from another thread, while a collect may be
         waiting on them: that collect then fails, and the executor closes itself)."""
-        for s in list(self._slots.values()):
+        for s in self._slots:
             if s.proc is not None and s.proc.pid is not None:
                 try:
                     os.kill(s.proc.pid, signal.SIGKILL)

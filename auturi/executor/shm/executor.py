@@ -64,7 +64,7 @@ class ShmExecutor(Executor):
 
     def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
         self._ctx = get_context(start_method)
-        self._slots: dict[int, Slot] = {}  # control-block index -> live worker
+        self._workers: dict[int, Slot] = {}  # control-block index -> live worker
         self._leaving: dict[int, Slot] = {}  # workers a reconfigure in progress is ending
         self._by_role: dict[tuple, int] = {}  # a live worker's role (ProcessPlan.role, actor) -> its index
         self._plan: LayoutPlan | None = None
@@ -93,6 +93,11 @@ class ShmExecutor(Executor):
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
 
+    @property
+    def _slots(self) -> list[Slot]:
+        """The live workers in control-block order (benches and tests read their pids)."""
+        return [self._workers[i] for i in sorted(self._workers)]
+
     # ------------------------------------------------------------------ config
     def _apply_config(self, config: Config) -> None:
         new, old = plan_layout(config), self._plan
@@ -102,11 +107,11 @@ class ShmExecutor(Executor):
             # torch there), and a replica need not build env factories.
             self._payloads = (cloudpickle.dumps(self.env_fns), cloudpickle.dumps(self.policy))
         keep = self._kept(new)
-        ending = {i: s for i, s in self._slots.items() if i not in keep.values()}
+        ending = {i: s for i, s in self._workers.items() if i not in keep.values()}
         # the ending workers' slots stay theirs until they have left (they leave while the new start)
         fits = self._ctrl is not None and len(new.processes) + len(ending) <= len(self._ctrl["seq"])
         if not fits:
-            keep, ending = {}, dict(self._slots)
+            keep, ending = {}, dict(self._workers)
         reuse_main = (self._host is not None and new.main.actor is not None
                       and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
         live = self._take_envs(ending, reuse_main)
@@ -120,7 +125,7 @@ class ShmExecutor(Executor):
         _close_envs(v for e, v in live.items() if e not in moved)
         old_host, self._host = self._host, None
         for i in ending:  # from here on their exits are expected, not failures
-            self._slots.pop(i)
+            self._workers.pop(i)
         self._leaving = ending  # ended by close() too, should anything below fail
         if not fits:
             self._end(ending)
@@ -224,7 +229,7 @@ class ShmExecutor(Executor):
             i = index[p.name]
             by_role[(p.role, p.actor)] = i
             if p.name in keep:
-                self._slots[i].name = p.name
+                self._workers[i].name = p.name
                 continue
             self._start_one(i, p, plan, index, live)
             started.append(i)
@@ -234,7 +239,7 @@ class ShmExecutor(Executor):
     def _start_one(self, i: int, p: ProcessPlan, plan: LayoutPlan, index: dict[str, int], live: dict) -> None:
         ctrl = self._ctrl
         assert ctrl is not None
-        s = self._slots[i] = Slot(p.kind, p.name, self._semaphore())
+        s = self._workers[i] = Slot(p.kind, p.name, self._semaphore())
         for k in ("seq", "status", "nfinal", "beat", "cmd", "arg", "pid"):
             ctrl[k][i] = 0
         ctrl["timing"][i] = 0
@@ -269,7 +274,7 @@ class ShmExecutor(Executor):
         for kind, name in names:
             i = index[name]
             # a new worker reports once when started; a kept one has reported seq[i] commands
-            out[kind].append((i, self._slots[i].start_sem, name, max(1, int(seq[i]))))
+            out[kind].append((i, self._workers[i].start_sem, name, max(1, int(seq[i]))))
         return out
 
     def _wait_started(self, started: list[int]) -> None:
@@ -279,7 +284,7 @@ class ShmExecutor(Executor):
         waiter = self._main_waiter = Waiter(self._main_sem, self._ctrl, self._check_children, self._applying,
                                             timeout=max(self.worker_timeout, START_TIMEOUT_FLOOR), beat=beat)
         waiter.kill_stuck = True
-        waiter.wait_all([RemoteLane(i, self._ctrl, self._slots[i].start_sem, self._slots[i].name) for i in started])
+        waiter.wait_all([RemoteLane(i, self._ctrl, self._workers[i].start_sem, self._workers[i].name) for i in started])
         waiter.timeout = self.worker_timeout
 
     def _make_host(self, plan: LayoutPlan, reused: ActorHost | None, live: dict[int, Any]) -> None:
@@ -287,9 +292,9 @@ class ShmExecutor(Executor):
         policy run here), else the lanes of the actor processes."""
         ctrl = self._ctrl
         assert ctrl is not None
-        index = {s.name: i for i, s in self._slots.items()}
+        index = {s.name: i for i, s in self._workers.items()}
         if plan.main.actor is None:
-            self._actor_lanes = [RemoteLane(index[ap.host], ctrl, self._slots[index[ap.host]].start_sem, ap.host,
+            self._actor_lanes = [RemoteLane(index[ap.host], ctrl, self._workers[index[ap.host]].start_sem, ap.host,
                                             self._main_waiter, max(1, int(ctrl["seq"][index[ap.host]])))
                                  for ap in plan.actors]
             return
@@ -349,7 +354,7 @@ class ShmExecutor(Executor):
         # Ask every worker holding final observations at once, then read each pipe: one
         # round trip per collect instead of one per worker in turn (with 16 workers whose
         # CartPoles all ended an episode, 15 sequential trips cost ~3 ms a collect).
-        asked = [(i, s) for i, s in self._slots.items() if s.conn is not None and self._ctrl["nfinal"][i] > 0]
+        asked = [(i, s) for i, s in self._workers.items() if s.conn is not None and self._ctrl["nfinal"][i] > 0]
         for i, s in asked:
             self._ctrl["cmd"][i] = FLUSH
             s.start_sem.release()
@@ -380,7 +385,7 @@ class ShmExecutor(Executor):
 
     # ------------------------------------------------------------------ faults, close
     def _check_children(self) -> None:
-        procs = {s.proc.sentinel: (i, s) for i, s in self._slots.items() if s.proc is not None}
+        procs = {s.proc.sentinel: (i, s) for i, s in self._workers.items() if s.proc is not None}
         if not procs:
             return
         dead = multiprocessing.connection.wait(list(procs), timeout=0)
@@ -393,14 +398,14 @@ class ShmExecutor(Executor):
             raise WorkerError(s.name, processes.exit_reason(s.proc.exitcode), tb, self._applying)
 
     def _end(self, ending: dict[int, Slot]) -> None:
-        """End the workers ``ending`` (no longer in ``_slots``, or all of them at close);
+        """End the workers ``ending`` (no longer in ``_workers``, or all of them at close);
         unlink their semaphore names."""
         try:
             processes.end_slots(self._ctrl, ending)
         finally:
             for i, s in ending.items():
                 s.start_sem.unlink_name()
-                self._slots.pop(i, None)
+                self._workers.pop(i, None)
 
     def _close_workers(self) -> None:
         """End every worker (EXIT, then SIGTERM, then SIGKILL), then unlink the blocks and the
@@ -413,9 +418,9 @@ class ShmExecutor(Executor):
                 host.close()
             if self._ctrl is not None:
                 self._ctrl["hdr"][CLOSING] = 1
-            self._end({**self._leaving, **self._slots})
+            self._end({**self._leaving, **self._workers})
         finally:
-            self._slots, self._leaving = {}, {}
+            self._workers, self._leaving = {}, {}
             self._close_control_block()
             if self._closed and self._weights is not None:
                 self._weights.close()

@@ -306,9 +306,10 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     cmd_arr, arg, seq, status, nfinal, timing, hdr = (memoryview(ctrl[k]) for k in
                                                       ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
     status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
+    gen_word = DATA_GEN  # a local: no global lookup per row
     while True:
         try:
-            if hdr[DATA_GEN] != data.gen:  # a new rollout block (num_steps changed)
+            if hdr[gen_word] != data.gen:  # a new rollout block (num_steps changed)
                 data.sync(obj)
             n = len(obj.finals)
             step_row(arg[slot], lo, hi)  # a lone env: EnvRunner.step_slice goes to step_one
