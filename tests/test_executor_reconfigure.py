@@ -156,3 +156,41 @@ def test_a_worker_failing_to_start_during_a_reconfigure_leaves_nothing(tmp_path)
         ex.reconfigure(A.replace(env_parallel_degree=4))
     with pytest.raises(Exception, match="closed"):
         ex.collect(1)
+
+
+class ThreadsPolicy(ObsHashPolicy):
+    """Reports its process's torch thread count as the value of every env (``needs_torch``
+    False: the runner's thread rule leaves the count as the process has it)."""
+
+    needs_torch = False
+
+    def __setstate__(self, state):  # a replica imports torch as it loads the policy, as a real one does
+        import torch  # noqa: F401
+
+        self.__dict__.update(state)
+
+    def act(self, obs, noise):
+        import torch
+
+        actions, extras = super().act(obs, noise)
+        extras["values"] = np.full(len(obs), torch.get_num_threads(), np.float32)
+        return actions, extras
+
+
+def test_a_kept_replica_gets_its_new_thread_count(monkeypatch):
+    """On 8 cores, 2 replicas: degree 1 gives each 8 // 2 = 4 torch threads, degree 2
+    (8 - 1) // 2 = 3. The replicas stay alive and are told the new count."""
+    pytest.importorskip("torch")
+    import auturi.executor.shm.executor as shm_executor
+    from auturi.executor.layout import plan_layout
+
+    monkeypatch.setattr(shm_executor, "plan_layout", lambda config: plan_layout(config, cores=range(8)))
+    one = Config(envs_per_actor=8, policies_per_actor=2, policy_batch_size=4)
+    with make_executor(env_fn, ThreadsPolicy(env_fn().action_space), num_envs=N, config=one, backend="shm") as ex:
+        before = ex.collect(2).extras["values"]
+        replicas = {s.name: s.proc.pid for s in ex._slots if s.kind == "policy"}
+        ex.reconfigure(one.replace(env_parallel_degree=2))
+        after = ex.collect(2).extras["values"]
+        assert {s.name: s.proc.pid for s in ex._slots if s.kind == "policy"} == replicas
+        assert ex.last_reconfigure["kept"] == 2
+    assert (before == 4).all() and (after == 3).all()

@@ -30,8 +30,9 @@ import numpy as np
 from auturi.errors import WorkerError
 from auturi.executor.buffers import ArrayBlock
 
-# commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe)
-TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT = 1, 2, 3, 4, 5, 6
+# commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe;
+# THREADS: a kept replica sets ``arg`` torch threads)
+TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS = 1, 2, 3, 4, 5, 6, 7
 # words of the control block's header (``hdr``)
 DATA_GEN = 0  # bumped when the rollout block changes (its name and NUM_STEPS are new)
 NUM_STEPS = 1  # rows of the current rollout block

@@ -36,7 +36,7 @@ from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.shm import processes
 from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, POLL_SECONDS,
-                                         SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, WEIGHTS_VERSION, RemoteLane,
+                                         SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION, RemoteLane,
                                          Semaphore, Waiter, control_specs, read_error, stuck_error, write_name)
 from auturi.executor.shm.processes import Slot, get_context
 from auturi.executor.shm.worker import ActorHost, worker_main
@@ -66,7 +66,8 @@ class ShmExecutor(Executor):
         self._ctx = get_context(start_method)
         self._workers: dict[int, Slot] = {}  # control-block index -> live worker
         self._leaving: dict[int, Slot] = {}  # workers a reconfigure in progress is ending
-        self._by_role: dict[tuple, int] = {}  # a live worker's role (ProcessPlan.role, actor) -> its index
+        self._by_role: dict[tuple, int] = {}  # a live worker's role (_role) -> its index
+        self._threads: dict[int, int | None] = {}  # a live replica's torch threads
         self._plan: LayoutPlan | None = None
         self._ctrl: ArrayBlock | None = None
         self._weights: ArrayBlock | None = None
@@ -137,6 +138,7 @@ class ShmExecutor(Executor):
             self._generation += 1  # envs made from here on get new seeds (the first layout: generation 0)
         self._plan = new
         live = {e: v for e, v in live.items() if e in moved and v is not None}
+        self._set_threads(new, keep)
         started = self._start(new, keep, live, set(ending))
         self._wait_started(started)
         self._end(ending)
@@ -152,14 +154,31 @@ class ShmExecutor(Executor):
 
     def _kept(self, new: LayoutPlan) -> dict[str, int]:
         """New process name -> index of the live worker that keeps doing it: an env worker or
-        replica whose role (``ProcessPlan.role``) and actor are unchanged (it reports to its
-        actor's semaphore). Actor processes are never kept: their lanes are fixed at start."""
+        replica whose role and actor are unchanged (it reports to its actor's semaphore).
+        Unlike ``LayoutPlan.diff``, a replica's torch threads are not part of its role here: a
+        kept replica is told its new count (:meth:`_set_threads`). Actor processes are never
+        kept: their lanes are fixed when they start."""
         keep = {}
         for p in new.processes:
-            i = self._by_role.get((p.role, p.actor))
+            i = self._by_role.get(_role(p))
             if i is not None and p.kind != "actor":
                 keep[p.name] = i
         return keep
+
+    def _set_threads(self, plan: LayoutPlan, keep: dict[str, int]) -> None:
+        """Tell each kept replica whose torch thread count changes its new count, and wait."""
+        assert self._ctrl is not None
+        for p in plan.processes:
+            i = keep.get(p.name)
+            if i is None or p.kind != "policy" or p.threads == self._threads.get(i):
+                continue
+            waiter = Waiter(self._done_sem(p.actor), self._ctrl, self._check_children, plan.config,  # type: ignore[arg-type]
+                            timeout=self.worker_timeout)
+            w = self._workers[i]
+            RemoteLane(i, self._ctrl, w.start_sem, w.name, waiter, int(self._ctrl["seq"][i])).command(THREADS,
+                                                                                                      p.threads or 0)
+            waiter.wait_all([])
+            self._threads[i] = p.threads
 
     def _take_envs(self, ending: dict[int, Slot], reuse_main: bool) -> dict[int, Any]:
         """The envs of ending workers, and of main when its runner is not reused: env id ->
@@ -227,7 +246,8 @@ class ShmExecutor(Executor):
         started = []
         for p in sorted(plan.processes, key=lambda q: q.kind == "actor"):
             i = index[p.name]
-            by_role[(p.role, p.actor)] = i
+            by_role[_role(p)] = i
+            self._threads[i] = p.threads
             if p.name in keep:
                 self._workers[i].name = p.name
                 continue
@@ -434,6 +454,14 @@ class ShmExecutor(Executor):
         if self._ctrl is not None:
             self._ctrl.close()
             self._ctrl = None
+
+
+def _role(p: ProcessPlan) -> tuple:
+    """What a worker does, as a reconfigure keeps it: ``ProcessPlan.role`` and its actor,
+    less a replica's torch threads (set on the live replica instead)."""
+    if p.kind == "policy":
+        return ("policy", p.actor, p.replica, p.device)
+    return (p.role, p.actor)
 
 
 def _pickled(env: Any) -> bytes | None:

@@ -22,7 +22,7 @@ from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, RESET, STEP_ROW,
-                                         WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
+                                         THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
                                          read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
 
@@ -259,6 +259,13 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
             runner = obj if kind == "env" else obj.local_envs
             export = getattr(runner, "export_envs", None)
             conn.send(export() if export is not None and ctrl["arg"][slot] else {})
+            continue
+        if cmd == THREADS and kind == "policy":  # a kept replica under a layout with other free cores
+            _set_torch_threads(int(ctrl["arg"][slot]))
+            obj.recalibrate()  # the thread rule compares 1 with the process's count: choose again
+            status[slot] = OK
+            seq[slot] += 1
+            done_sem.release()
             continue
         try:
             if kind == "env":
