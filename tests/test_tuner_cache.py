@@ -246,3 +246,11 @@ def test_online_tuner_uses_and_fills_the_cache(tmp_path):
     while online.phase != "locked":
         online.collect(16)
     assert online.history[0].source == "cache" and online.locked_config == BEST
+
+
+def test_envpool_sources_are_named_by_task_not_module():
+    """A cache key must not change when the EnvPool source's class moves between modules."""
+    pytest.importorskip("envpool")
+    from auturi.envs.envpool import EnvPoolSource
+
+    assert describe_callable(EnvPoolSource("CartPole-v1")) == "envpool:EnvPoolSource('CartPole-v1')"

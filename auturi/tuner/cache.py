@@ -94,6 +94,8 @@ def describe_callable(fn: Any) -> str:
         args = [_ADDR.sub("", repr(a)) for a in fn.args]
         args += [f"{k}={_ADDR.sub('', repr(v))}" for k, v in sorted(fn.keywords.items())]
         return f"{describe_callable(fn.func)}({', '.join(args)})"
+    if isinstance(getattr(fn, "task_id", None), str) and hasattr(fn, "make_runner"):
+        return f"envpool:{fn!r}"  # an EnvPool source: named by its task, not by where the class lives
     qual = getattr(fn, "__qualname__", None)
     if qual is not None:
         return f"{getattr(fn, '__module__', '?')}.{qual}"
