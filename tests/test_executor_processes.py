@@ -15,7 +15,6 @@ from auturi import Config, ConstantPolicy, make_executor
 from auturi.envs import CountingEnv
 from auturi.executor.shm import ShmExecutor
 from auturi.executor.shm.channel import SPIN_SECONDS
-from auturi.tuner.space import usable_cores
 
 
 def test_a_polling_waiter_yields_its_core_between_polls(monkeypatch):

@@ -15,7 +15,6 @@ as at 1 thread, which made the serial baseline, and every "x serial" figure, wro
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from auturi.policy import Policy
+from auturi.resources import usable_cores
 
 MORE_THREADS_GAIN = 0.25
 """More than one torch thread is kept only when its calls are this much faster: when other
@@ -66,11 +66,7 @@ def thread_candidates() -> list[int]:
     torch = _torch()
     if torch is None:
         return [1]
-    now = int(torch.get_num_threads())  # type: ignore[attr-defined]
-    try:
-        now = min(now, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        pass
+    now = min(int(torch.get_num_threads()), usable_cores())  # type: ignore[attr-defined]
     return sorted({1, max(1, now)})
 
 

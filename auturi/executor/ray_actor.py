@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from auturi.config import Config
 from auturi.executor.shm import ShmExecutor
 from auturi.executor.shm.channel import BEAT, process_stack
+from auturi.resources import usable_cores_set
 
 
 class SliceExecutor(ShmExecutor):
@@ -59,10 +60,7 @@ class RayActorHost:
     def where(self) -> dict[str, Any]:
         import ray
 
-        try:
-            cores = sorted(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = []
+        cores = sorted(usable_cores_set())
         return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
                 "pid": os.getpid(), "cores": cores, "dumpfd": self.dumpfd}
 
