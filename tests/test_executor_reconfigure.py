@@ -30,6 +30,9 @@ PAIRS = [  # (from, to): one knob at a time, and a few that change everything
     (A, A.replace(policy_batch_size=4)),
     (A.replace(policies_per_actor=2, policy_batch_size=4), A.replace(policies_per_actor=2, policy_batch_size=2)),
     (A, Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)),
+    # actor processes kept with a new loop: lockstep (batch 4) -> the general loop (batch 2)
+    (Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2),
+     Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policy_batch_size=2)),
     (Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2),
      Config.serial(N)),
     (Config.serial(N), Config(num_actors=4, envs_per_actor=2, env_parallel_degree=2)),
@@ -105,6 +108,8 @@ def test_counts_of_one_knob_changes():
 
 
 def test_kept_processes_are_the_same_processes():
+    """A batch change in a two-actor layout keeps every process: the actors rebuild their
+    loops (REPLAN), their env workers and replicas are untouched."""
     two = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=two, backend="shm") as ex:
         ex.collect(3)
@@ -113,11 +118,14 @@ def test_kept_processes_are_the_same_processes():
         after = {s.name: s.proc.pid for s in ex._slots}
         r = ex.last_reconfigure
         ex.collect(3)
-    kept = {n for n in pids if not n.startswith("actor")}  # env workers and replicas; actors restart
-    assert {n: after[n] for n in kept} == {n: pids[n] for n in kept}
-    assert all(after[n] != pids[n] for n in pids if n.startswith("actor"))
-    # the actors restart: the envs they step themselves (2 each) move live to their new processes
-    assert (r["kept"], r["started"], r["ended"], r["moved"], r["recreated"]) == (6, 2, 2, 4, 0)
+        ex.reconfigure(two.replace(policy_batch_size=1, env_parallel_degree=1))  # the actors' workers change
+        again = {s.name: s.proc.pid for s in ex._slots}
+        r2 = ex.last_reconfigure
+    assert after == pids and len(pids) == 8
+    assert (r["kept"], r["started"], r["ended"], r["moved"], r["recreated"]) == (8, 0, 0, 0, 0)
+    # degree 2 -> 1: the env workers end, so do the actors (their lanes change); the replicas stay
+    assert {n for n in again if again[n] == pids.get(n)} == {n for n in pids if n.startswith("policy")}
+    assert (r2["kept"], r2["started"], r2["ended"], r2["moved"], r2["recreated"]) == (4, 2, 4, 8, 0)
 
 
 def test_envs_that_cannot_move_are_recreated_and_their_episodes_cut():

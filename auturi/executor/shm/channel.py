@@ -31,8 +31,9 @@ from auturi.errors import WorkerError
 from auturi.executor.buffers import ArrayBlock
 
 # commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe;
-# THREADS: a kept replica sets ``arg`` torch threads)
-TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS = 1, 2, 3, 4, 5, 6, 7
+# THREADS: a kept replica sets ``arg`` torch threads; REPLAN: a kept actor reads its new
+# plan from its pipe and rebuilds its loop)
+TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS, REPLAN = 1, 2, 3, 4, 5, 6, 7, 8
 # words of the control block's header (``hdr``)
 DATA_GEN = 0  # bumped when the rollout block changes (its name and NUM_STEPS are new)
 NUM_STEPS = 1  # rows of the current rollout block

@@ -36,7 +36,8 @@ from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.shm import processes
 from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, POLL_SECONDS,
-                                         SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION, RemoteLane,
+                                         REPLAN, SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION,
+                                         RemoteLane,
                                          Semaphore, Waiter, control_specs, read_error, stuck_error, write_name)
 from auturi.executor.shm.processes import Slot, get_context
 from auturi.executor.shm.worker import ActorHost, worker_main
@@ -68,6 +69,7 @@ class ShmExecutor(Executor):
         self._leaving: dict[int, Slot] = {}  # workers a reconfigure in progress is ending
         self._by_role: dict[tuple, int] = {}  # a live worker's role (_role) -> its index
         self._threads: dict[int, int | None] = {}  # a live replica's torch threads
+        self._actor_workers: dict[int, list[int]] = {}  # a live actor process's workers' indices
         self._plan: LayoutPlan | None = None
         self._ctrl: ArrayBlock | None = None
         self._weights: ArrayBlock | None = None
@@ -136,17 +138,19 @@ class ShmExecutor(Executor):
             processes.ask_exit(self._ctrl, ending)
         if old is None or (recreated and self._steps_done):
             self._generation += 1  # envs made from here on get new seeds (the first layout: generation 0)
-        self._plan = new
         live = {e: v for e, v in live.items() if e in moved and v is not None}
         self._set_threads(new, keep)
+        self._plan = new
         started = self._start(new, keep, live, set(ending))
         self._wait_started(started)
+        self._replan_actors(new, keep)
         self._end(ending)
         self._leaving = {}
         self._make_host(new, old_host if reuse_main else None, live)
         if old_host is not None and not reuse_main:
             old_host.close()  # closes the envs it did not hand over
-        self._timing = self._ctrl["timing"].sum(axis=0)  # type: ignore[index]
+        # the baseline of the next collect's seconds: kept workers and a reused runner count on
+        self._timing = self._ctrl["timing"].sum(axis=0) + (np.array(self._host.seconds()) if self._host else 0.0)  # type: ignore[index]
         before, after = (old.env_process(), new.env_process()) if old is not None else ({}, {})
         across = {e for e in moved if not before.get(e) == after.get(e) == MAIN}  # main to main is no move
         self._counts = {"kept": len(keep), "started": len(started), "ended": len(ending), "moved": len(across),
@@ -156,22 +160,45 @@ class ShmExecutor(Executor):
         """New process name -> index of the live worker that keeps doing it: an env worker or
         replica whose role and actor are unchanged (it reports to its actor's semaphore).
         Unlike ``LayoutPlan.diff``, a replica's torch threads are not part of its role here: a
-        kept replica is told its new count (:meth:`_set_threads`). Actor processes are never
-        kept: their lanes are fixed when they start."""
+        kept replica is told its new count (:meth:`_set_threads`). An actor process is kept
+        when, besides its role, its workers are all kept and are the ones it had (its lanes
+        were handed to it at start); it is then given its new plan (:meth:`_replan_actors`)."""
         keep = {}
         for p in new.processes:
             i = self._by_role.get(_role(p))
             if i is not None and p.kind != "actor":
                 keep[p.name] = i
+        for ap in new.actors:
+            i = self._by_role.get(_role(ap.processes[0])) if ap.processes and ap.processes[0].name == ap.host else None
+            workers = [p.name for p in ap.processes if p.name != ap.host]
+            if i is not None and all(w in keep for w in workers) and \
+                    sorted(keep[w] for w in workers) == self._actor_workers.get(i):
+                keep[ap.host] = i
         return keep
 
+    def _replan_actors(self, plan: LayoutPlan, keep: dict[str, int]) -> None:
+        """Give each kept actor process its new plan (a new batch size: its loop changes, its
+        envs, policy and workers do not) and wait until all have rebuilt their loops."""
+        assert self._ctrl is not None and self._main_waiter is not None
+        for ap in plan.actors:
+            i = keep.get(ap.host)
+            if i is None:
+                continue
+            w = self._workers[i]
+            w.conn.send((ap, plan.config))
+            lane = RemoteLane(i, self._ctrl, w.start_sem, w.name, self._main_waiter, int(self._ctrl["seq"][i]))
+            lane.command(REPLAN)
+        self._main_waiter.wait_all([])
+
     def _set_threads(self, plan: LayoutPlan, keep: dict[str, int]) -> None:
-        """Tell each kept replica whose torch thread count changes its new count, and wait."""
+        """Tell each kept replica whose torch thread count (or batch size) changes its new
+        count, and wait."""
         assert self._ctrl is not None
+        batch_changed = self._plan is not None and self._plan.config.policy_batch_size != plan.config.policy_batch_size
         for p in plan.processes:
             i = keep.get(p.name)
-            if i is None or p.kind != "policy" or p.threads == self._threads.get(i):
-                continue
+            if i is None or p.kind != "policy" or (p.threads == self._threads.get(i) and not batch_changed):
+                continue  # a new batch size: the replica's thread rule chooses again too
             waiter = Waiter(self._done_sem(p.actor), self._ctrl, self._check_children, plan.config,  # type: ignore[arg-type]
                             timeout=self.worker_timeout)
             w = self._workers[i]
@@ -269,9 +296,11 @@ class ShmExecutor(Executor):
         if p.kind == "actor":
             ap = plan.actors[p.actor]  # type: ignore[index]
             info.update(plan=ap, config=plan.config, report_sem=self._main_sem, lanes=self._lanes(ap, index))
+            self._actor_workers[i] = sorted(lane[0] for kind in ("env", "policy") for lane in info["lanes"][kind])
         child_conn = None
         if p.kind in ("env", "actor"):  # env hosts: an actor always steps its first share
-            s.conn, child_conn = self._ctx.Pipe(duplex=False)
+            # an actor also reads its new plan from it (_replan_actors)
+            s.conn, child_conn = self._ctx.Pipe(duplex=p.kind == "actor")
         runs_policy = p.device is not None
         proc_cls = self._torch_process if runs_policy and self._torch_process is not None else self._ctx.Process
         s.proc = proc_cls(target=worker_main, name=f"auturi: {s.name}", daemon=True,

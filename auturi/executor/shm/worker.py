@@ -21,7 +21,7 @@ from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, RESET, STEP_ROW,
+from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, REPLAN, RESET, STEP_ROW,
                                          THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
                                          read_name, write_error)
 from auturi.executor.spec import WorkloadSpec
@@ -96,9 +96,22 @@ class ActorHost:
             self.local_policy = PolicyRunner(policy())
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
-        self.loop = ActorLoop(plan.env_ids, env_lanes, pol_lanes, plan.batch_size, self.waiter,
-                              lambda remotes: RowGroup(remotes, self.waiter), beat, lockstep=plan.lockstep)
+        self._lanes, self._beat = (env_lanes, pol_lanes), beat
+        self.loop = self._loop(plan)
         self.fresh = True
+
+    def _loop(self, plan: ActorPlan) -> ActorLoop:
+        return ActorLoop(plan.env_ids, *self._lanes, plan.batch_size, self.waiter,
+                         lambda remotes: RowGroup(remotes, self.waiter), self._beat, lockstep=plan.lockstep)
+
+    def replan(self, plan: ActorPlan, config: Config | None = None) -> None:
+        """Run ``plan`` from now on: the same envs, policy and workers (lanes), another loop
+        (a new batch size, and with it maybe lockstep)."""
+        wait, self.loop = self.loop.wait_seconds, self._loop(plan)
+        self.loop.wait_seconds = wait  # the caller's timings count on
+        self.waiter.config = config
+        if self.local_policy is not None:
+            self.local_policy.recalibrate()  # the thread rule chooses again for the new batch
 
     def bind(self, arrays: dict[str, np.ndarray]) -> None:
         for r in (self.local_envs, self.local_policy):
@@ -284,6 +297,8 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
                 n = int(ntask[slot])
                 obj.act(tasks[slot, :n, 0].copy(), tasks[slot, :n, 1].copy())
                 timing[slot, 1] = obj.policy_seconds
+            elif cmd == REPLAN:  # a kept actor: its new plan waits on its pipe
+                obj.replan(*conn.recv())
             else:
                 data.sync(obj.local_envs, obj.local_policy)
                 if obj.local_policy is not None:
