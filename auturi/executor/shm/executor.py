@@ -7,8 +7,10 @@ threads, for the same actor) stay alive with their envs mid-episode; processes o
 with no such counterpart start, the others end. An env whose stepping process changes moves
 with its state (a cloudpickle round trip of the live env, tried once on the probe env at start,
 ``Executor.envs_movable``), so its episode goes on; where that cannot be done it is recreated
-with the next generation's seed and its episode is cut (row 0 starts a new one). Actor
-processes are restarted on any change (their lanes are fixed at start); their envs move too.
+with the next generation's seed and its episode is cut (row 0 starts a new one). A replica
+whose torch thread count changes is kept and told its new count. An actor process is kept
+when all its workers are (a batch change): it reads its new plan from its pipe and rebuilds
+its loop; otherwise it restarts (its lanes are fixed at start) and its envs move too.
 ``last_reconfigure`` reports what was kept, started, ended, moved and recreated.
 
 Over 400 lines: start-up, the diff applied to live processes, collect, fault checks and the
