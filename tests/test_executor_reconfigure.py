@@ -202,3 +202,20 @@ def test_a_kept_replica_gets_its_new_thread_count(monkeypatch):
         assert {s.name: s.proc.pid for s in ex._slots if s.kind == "policy"} == replicas
         assert ex.last_reconfigure["kept"] == 2
     assert (before == 4).all() and (after == 3).all()
+
+
+@pytest.mark.parametrize("first, second", [(Config.serial(N), A), (A, Config.serial(N))], ids=["from-main", "from-worker"])
+def test_an_env_that_fails_to_pickle_when_moving_is_recreated_and_counted(first, second):
+    """The start-up probe said envs move (forced here), but these cannot be pickled: each one
+    leaving its process is recreated with a new seed and its episode cut, never made anew
+    silently as if it had not started."""
+    make = functools.partial(LockedEnv, max_len=50)
+    with make_executor(make, ObsHashPolicy(make().action_space), num_envs=N, config=first, backend="shm") as ex:
+        ex.envs_movable = True
+        before = ex.collect(3)
+        ex.reconfigure(second)
+        r = ex.last_reconfigure
+        after = ex.collect(3)
+    assert (r["moved"], r["recreated"]) == (0, 4)
+    assert not before.last_episode_starts.any()
+    assert after.episode_starts[0].tolist() == [False] * 4 + [True] * 4  # envs 4-7 changed process

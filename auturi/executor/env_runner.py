@@ -89,8 +89,9 @@ class EnvRunner:
 
     def export_envs(self) -> dict[int, bytes | None]:
         """Every env of this runner, cloudpickled mid-episode, for a runner in another process
-        (``None``: not reset yet, or it failed to pickle: made anew there). Closes nothing:
-        the caller closes this runner."""
+        (``None``: not reset yet, made anew there with the same seed; ``b""``: it failed to
+        pickle, so it is recreated and its episode cut). Closes nothing: the caller closes
+        this runner."""
         import cloudpickle
 
         out: dict[int, bytes | None] = {}
@@ -102,7 +103,7 @@ class EnvRunner:
             try:
                 out[i] = cloudpickle.dumps(env.env if isinstance(env, _FirstCalls) else env)
             except Exception:  # the probe at start passed but this one cannot travel: recreated
-                out[i] = None
+                out[i] = b""
         return out
 
     def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:

@@ -119,11 +119,11 @@ class ShmExecutor(Executor):
             keep, ending = {}, dict(self._workers)
         reuse_main = (self._host is not None and new.main.actor is not None
                       and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
-        live = self._take_envs(ending, reuse_main)
+        to_main = {e for e, proc in new.env_process().items() if proc == MAIN}
+        live = self._take_envs(ending, reuse_main, to_main)
         in_place = {e for p in new.processes if p.name in keep for e in p.env_ids}
         in_place |= set(new.main.env_ids) if reuse_main else set()
         changed = set(range(self.num_envs)) - in_place if old is not None else set()
-        to_main = {e for e, proc in new.env_process().items() if proc == MAIN}
         # an env moves when it travels (pickled, or not reset yet) or stays in this process
         moved = {e for e in changed if e in live and live[e] != b"" and (self.envs_movable or e in to_main)}
         recreated = changed - moved
@@ -209,7 +209,7 @@ class ShmExecutor(Executor):
             waiter.wait_all([])
             self._threads[i] = p.threads
 
-    def _take_envs(self, ending: dict[int, Slot], reuse_main: bool) -> dict[int, Any]:
+    def _take_envs(self, ending: dict[int, Slot], reuse_main: bool, to_main: set[int]) -> dict[int, Any]:
         """The envs of ending workers, and of main when its runner is not reused: env id ->
         the live env (from main), its pickle (from a worker), ``None`` (not reset yet: made
         anew with the same seed, the same data) or ``b""`` (could not be pickled). Workers
@@ -225,7 +225,8 @@ class ShmExecutor(Executor):
         if take is not None and not reuse_main:  # live objects: those staying here need no pickle
             ids = list(runner.env_ids)  # type: ignore[union-attr]
             live.update(dict.fromkeys(ids))  # not reset yet: None
-            live.update(take(ids))
+            # pickled now for another process, so that one that cannot be is known as such
+            live.update({e: env if e in to_main else _pickled(env) for e, env in take(ids).items()})
         return live
 
     def _new_control_block(self, config: Config) -> None:
@@ -496,14 +497,14 @@ def _role(p: ProcessPlan) -> tuple:
 
 
 def _pickled(env: Any) -> bytes | None:
-    """An env for another process: a worker's pickle as it came, main's own env pickled
-    here (``None``: it cannot be, and is made anew there)."""
+    """An env for another process: a pickle as it came, ``None`` (not reset yet) as it is,
+    main's own live env pickled here (``b""``: it cannot be; it is recreated, its episode cut)."""
     if env is None or isinstance(env, bytes):
         return env
     try:
         return cloudpickle.dumps(env)
     except Exception:
-        return None
+        return b""
 
 
 def _close_envs(envs: Any) -> None:
