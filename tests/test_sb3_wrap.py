@@ -104,8 +104,11 @@ def assert_acted_on_stored(buffers) -> None:
 def assert_same_buffer(a, b, exact_floats: bool) -> None:
     if isinstance(a, list):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same_buffer(x, y, exact_floats)
+        for i, (x, y) in enumerate(zip(a, b)):
+            try:
+                assert_same_buffer(x, y, exact_floats)
+            except AssertionError as e:
+                raise AssertionError(f"rollout {i}: {e}") from None
         return
     for k in BUFFER_KEYS:
         if (k in FLOAT_KEYS or k == "rewards") and not exact_floats:  # rewards: + gamma * V(terminal)
@@ -487,8 +490,9 @@ CUT_LAYOUTS = [Config.serial(2), Config(num_actors=1, envs_per_actor=2, env_para
 class SwitchLayout(BaseCallback):
     """At each rollout's end (where the online tuner reconfigures), switch to the next layout."""
 
-    def __init__(self):
+    def __init__(self, layouts=None):
         super().__init__()
+        self.layouts = layouts or CUT_LAYOUTS
         self.switches = 0
 
     def _on_step(self) -> bool:
@@ -497,7 +501,7 @@ class SwitchLayout(BaseCallback):
     def _on_rollout_end(self) -> None:
         self.switches += 1
         ex = self.model.auturi.executor
-        assert ex.reconfigure(CUT_LAYOUTS[self.switches % len(CUT_LAYOUTS)]) > 0  # envs recreated
+        assert ex.reconfigure(self.layouts[self.switches % len(self.layouts)]) > 0
 
 
 class RestartEnvs(BaseCallback):
@@ -536,56 +540,69 @@ def monitor_rows(folder) -> list[list[tuple[float, float]]]:
     return out
 
 
-def test_reconfigure_cut_equals_sb3_restart(tmp_path, one_thread):
-    """Layouts switched after every rollout (each switch recreates the envs and cuts their
-    episodes) against plain SB3 restarting its envs at the same points, both acting
-    deterministically: same buffers (the cut episodes bootstrapped from V(last obs) in
-    GAE, new ones starting with episode_starts; values and log-probs from the current
-    weights in every layout), the same episodes logged, VecNormalize's
-    reward statistics as SB3 restarting an episode leaves them, and every episode in the
-    Monitor files (a re-created Monitor used to empty its file at each reconfigure)."""
-    seed, n_steps, rollouts = 5, 24, 5  # serial, degree 2, two actors, serial, degree 2
+# Every env changes process at every switch of this cycle (actor process <-> caller/env worker).
+ALL_MOVE_LAYOUTS = [Config(num_actors=2, envs_per_actor=1), Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2)]
+
+
+@pytest.mark.parametrize("movable", [True, False], ids=["envs-move", "envs-recreated"])
+def test_reconfigure_equals_sb3(tmp_path, one_thread, movable):
+    """Layouts switched after every rollout, both runs acting deterministically, against plain
+    SB3. Envs that survive a pickle round trip move live to their new process: the buffers
+    equal plain SB3's with no restart at all, and nothing is cut. Envs that cannot move (here:
+    Monitors writing a file) are recreated and their episodes cut: the buffers equal plain SB3
+    restarting its envs at the same points (cut episodes bootstrapped from V(last obs) in GAE,
+    new ones starting with episode_starts), and every episode is in the Monitor files (a
+    re-created Monitor used to empty its file). Either way: values and log-probs from the
+    current weights in every layout, the same episodes logged, VecNormalize's reward
+    statistics as SB3 leaves them."""
+    seed, n_steps, rollouts = 5, 24, 5
+    layouts = CUT_LAYOUTS if movable else ALL_MOVE_LAYOUTS
 
     def run(wrap):
-        mon = tmp_path / ("wrapped" if wrap else "plain")
-        venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=seed, monitor_dir=str(mon)), norm_obs=False,
-                            gamma=0.9)
+        mon = None if movable else tmp_path / ("wrapped" if wrap else "plain")
+        venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=seed,
+                                         monitor_dir=None if mon is None else str(mon)), norm_obs=False, gamma=0.9)
         model = PPO("MlpPolicy", venv, n_steps=n_steps, seed=seed, device="cpu", n_epochs=1, gamma=0.9)
         snaps, cap = Snapshots(), Capture()
         model.set_logger(Logger(folder=None, output_formats=[cap]))
         if wrap:
-            wrap_sb3(model, config=CUT_LAYOUTS[0], tune=False, deterministic=True)
-            cuts = SwitchLayout()
+            wrap_sb3(model, config=layouts[0], tune=False, deterministic=True)
+            assert model.auturi.executor.envs_movable == movable  # the start-up probe's finding
+            cuts = SwitchLayout(layouts)
         else:
             force_deterministic(model)
-            cuts = RestartEnvs(seed)
+            cuts = None if movable else RestartEnvs(seed)
         try:
-            model.learn(n_steps * 2 * rollouts, callback=[snaps, cuts])
+            model.learn(n_steps * 2 * rollouts, callback=[snaps] + ([cuts] if cuts else []))
             # (plain: the last restart comes after learn's last rollout, so it cuts nothing)
-            cut = cap.rows[-1].get("auturi/cut_episodes") if wrap else sum(cuts.running[:-1])
+            cut = cap.rows[-1].get("auturi/cut_episodes") if wrap else (sum(cuts.running[:-1]) if cuts else 0)
+            report = dict(model.auturi.executor.last_reconfigure) if wrap else None
         finally:
             if wrap:
                 unwrap_sb3(model)
         venv.close()
         eps = [(e["r"], e["l"]) for e in model.ep_info_buffer]
-        return snaps.buffers, eps, venv.ret_rms, monitor_rows(mon), cut
+        return snaps.buffers, eps, venv.ret_rms, (monitor_rows(mon) if mon else None), cut, report
 
-    ref, ref_eps, ref_rms, ref_mon, ref_cut = run(False)
-    got, got_eps, got_rms, got_mon, cut = run(True)
+    ref, ref_eps, ref_rms, ref_mon, ref_cut, _ = run(False)
+    got, got_eps, got_rms, got_mon, cut, report = run(True)
     starts = np.stack([b["episode_starts"][0] for b in ref[1:]])
-    assert starts.all()  # every rollout after the first starts new episodes
+    assert starts.all() != movable  # recreated: every rollout after the first starts new episodes
     assert_same_buffer(ref, got, exact_floats=False)
     assert_acted_on_stored(got)  # each layout acted with the weights of that rollout
     assert got_eps == ref_eps and len(got_eps) > 0
     np.testing.assert_allclose(got_rms.mean, ref_rms.mean, rtol=1e-6)
     np.testing.assert_allclose(got_rms.var, ref_rms.var, rtol=1e-6)
     assert got_rms.count == ref_rms.count
-    assert [len(rows) for rows in got_mon] == [len(rows) for rows in ref_mon]  # every episode, per env
-    assert sum(len(rows) for rows in got_mon) == len(ref_eps)
-    for got_rows, ref_rows in zip(got_mon, ref_mon):
-        assert [r for r, _ in got_rows] == [r for r, _ in ref_rows]
-        assert all(b >= a for (_, a), (_, b) in zip(got_rows, got_rows[1:]))  # "t" counts on, never restarts
-    assert cut == ref_cut > 0  # counted and logged
+    if not movable:
+        assert [len(rows) for rows in got_mon] == [len(rows) for rows in ref_mon]  # every episode, per env
+        assert sum(len(rows) for rows in got_mon) == len(ref_eps)
+        for got_rows, ref_rows in zip(got_mon, ref_mon):
+            assert [r for r, _ in got_rows] == [r for r, _ in ref_rows]
+            assert all(b >= a for (_, a), (_, b) in zip(got_rows, got_rows[1:]))  # "t" counts on, never restarts
+    assert cut == ref_cut  # counted and logged
+    assert (cut == 0) == movable
+    assert (report["moved"], report["recreated"]) == ((2, 0) if movable else (0, 2))
 
 
 # ------------------------------------------------------------------ (d) learning parity
