@@ -12,7 +12,7 @@ Workloads, of different kinds: ``cartpole`` (a cheap classic env: IPC dominates)
 50x steps: the samples have outliers).
 
 Run: python -m bench.cli_check [--workloads cartpole slow heavytail] [--budget 15] [--rounds 7]
-[--out cli_check.json]. Exit status 1 when a check fails.
+[--out bench/results/cli_check.json]. Exit status 1 when a check fails.
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=15.0, help="--budget-seconds of each auturi tune run")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the re-measure")
     ap.add_argument("--tolerance", type=float, default=0.10)
-    ap.add_argument("--out", type=Path, default=Path("cli_check.json"))
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cli_check.json")
     args = ap.parse_args(argv)
     out_dir = args.out.resolve().parent
     rows = []
