@@ -219,3 +219,26 @@ def test_an_env_that_fails_to_pickle_when_moving_is_recreated_and_counted(first,
     assert (r["moved"], r["recreated"]) == (0, 4)
     assert not before.last_episode_starts.any()
     assert after.episode_starts[0].tolist() == [False] * 4 + [True] * 4  # envs 4-7 changed process
+
+
+@pytest.mark.parametrize("away", [Config(num_actors=2, envs_per_actor=2),
+                                  Config(num_actors=1, envs_per_actor=4, policies_per_actor=2, policy_batch_size=2)],
+                         ids=["actors", "replicas"])
+def test_weights_published_while_the_policy_ran_elsewhere_reach_the_callers_copy(away):
+    """Weights set while no replica ran in the caller must be what the caller's own copy acts
+    with after a reconfigure brings the policy back (it acted with stale weights)."""
+    from auturi import make_executor
+    from auturi.envs import CountingEnv
+    from tests.helpers import ObsHashPolicy
+
+    policy = ObsHashPolicy(CountingEnv().action_space)
+    with make_executor(CountingEnv, policy, num_envs=4, config=Config.serial(4), backend="shm", seed=0) as ex:
+        ex.collect(4)
+        ex.reconfigure(away)
+        ex.set_policy_state({"w": np.asarray(100.0)})
+        def weight(r):  # ObsHashPolicy: values = h / 2 + w, log_probs = -h
+            return r.extras["values"].astype(np.float64) + r.extras["log_probs"] / 2
+
+        np.testing.assert_allclose(weight(ex.collect(4)), 100.0, atol=1e-3)  # the replicas elsewhere got them
+        ex.reconfigure(Config.serial(4))
+        np.testing.assert_allclose(weight(ex.collect(4)), 100.0, atol=1e-3)  # ... and so does the caller's copy

@@ -81,6 +81,7 @@ class ShmExecutor(Executor):
         self._main_sem: Semaphore | None = None  # workers report start-up (and actors their collects) here
         self._done_sems: dict[int, Semaphore] = {}  # per actor index: its workers report here
         self._generation = -1
+        self._caller_weights_version = 0  # the weights version the caller's own policy object holds
         self._timing = np.zeros(3)
         self._payloads: tuple[bytes, bytes] = (b"", b"")
         self._torch_process: type | None = None
@@ -364,6 +365,11 @@ class ShmExecutor(Executor):
         host.pin_cpu = plan.main.cpus[0] if plan.main.cpus else None
         if host.local_policy is not None:
             self.policy.to(plan.config.policy_device)
+            if self._caller_weights_version != self._weights_version and self._weights is not None:
+                # Weights published while the policy ran only in other processes never reached
+                # the caller's copy: load the current ones before it acts.
+                self.policy.load_state(WeightsBlock.read(self._weights.name))
+                self._caller_weights_version = self._weights_version
             host.local_policy.weights_version = self._weights_version
         if self._block is not None:
             host.bind(self._block.arrays)
@@ -434,6 +440,7 @@ class ShmExecutor(Executor):
             self._ctrl["hdr"][WEIGHTS_VERSION] = version
         if self._host is not None and self._host.local_policy is not None:
             self._host.local_policy.load(state, version)
+            self._caller_weights_version = version
 
     # ------------------------------------------------------------------ faults, close
     def _check_children(self) -> None:
