@@ -171,11 +171,7 @@ def test_no_import_circle():
 
 # Upward imports still there, each with its owner's reason; the test below fails once one
 # is gone, so the entry is removed with it.
-PENDING_UPWARD = {
-    # make_env_runner's fallback for an EnvPoolSource without make_runner: dead since
-    # auturi.envs.envpool.EnvPoolSource.make_runner exists; auturi/executor/env_runner.py drops it
-    ("auturi.executor.env_runner", "auturi.adapters.envpool"),
-}
+PENDING_UPWARD: set[tuple[str, str]] = set()  # upward imports waiting for a fix (none now)
 
 
 def test_no_upward_import():

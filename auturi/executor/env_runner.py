@@ -307,25 +307,6 @@ def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Any], seed: int, g
     :class:`EnvRunner` (which takes ``live`` envs moved from another runner)."""
     source = env_fns[env_ids[0]]
     make_runner = getattr(source, "make_runner", None)
-    if make_runner is None:
-        make_runner = _envpool_runner_maker(source)  # until EnvPoolSource has make_runner
     if make_runner is not None:
         return make_runner(list(env_ids), seed, generation, id_offset)
     return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live)
-
-
-def _envpool_runner_maker(source: Any) -> Callable | None:
-    """Fallback for an ``EnvPoolSource`` without ``make_runner`` (the class is moving to
-    ``auturi.envs`` and getting the method): the old construction, looked up only when the
-    source's class is named so, so this module imports no adapter otherwise."""
-    if type(source).__name__ != "EnvPoolSource":
-        return None
-    from auturi.adapters.envpool import EnvPoolRunner
-
-    def make(env_ids: list, seed: int, generation: int, id_offset: int) -> Any:
-        if id_offset:
-            raise NotImplementedError("an EnvPool source in a slice of a larger collection (env_id_offset > 0, "
-                                      "e.g. a second Ray actor) is not supported yet; use a gymnasium id")
-        return EnvPoolRunner(env_ids, source, seed, generation)
-
-    return make
