@@ -6,6 +6,9 @@ gives the gymnasium ``observation_space`` / ``action_space`` from EnvPool's spec
 building a pool, and calling it returns :class:`EnvPoolEnv`, a one-env ``gymnasium.Env``
 (the executor's probe, and a per-env factory for :class:`~auturi.executor.env_runner.EnvRunner`).
 
+One module on purpose (over 400 lines): the source, the one-env view and the runner share
+EnvPool's seeding and spec handling, and together are the whole EnvPool integration.
+
 :class:`EnvPoolRunner` is a drop-in for ``EnvRunner``: same constructor
 ``(env_ids, source, seed, generation)``, same attributes and methods, same data, but its envs
 live in ONE EnvPool (``env_type="gymnasium"``) stepped by EnvPool's C++ thread pool.
