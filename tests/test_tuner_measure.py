@@ -88,7 +88,7 @@ def test_protocol_rejects_settings_that_cannot_work():
 def test_warmup_is_discarded_and_a_steady_config_converges_at_min_samples():
     target = Config(num_actors=2, envs_per_actor=2)
     ex = FakeExecutor(4, const(1000.0), warmup_factor=0.25, reconfigure_seconds=0.7)
-    t = measure(ex, target, 10, MeasureProtocol(min_samples=3), clock=ex.clock)
+    t = measure(ex, target, 10, MeasureProtocol(min_samples=3, min_sample_seconds=0.0), clock=ex.clock)
     assert t.status == "ok" and t.stop_reason == "converged"
     assert t.warmup == [pytest.approx(250.0)]  # the slow first collect is kept apart...
     assert t.samples == [pytest.approx(1000.0)] * 3  # ...and not in the samples
@@ -102,7 +102,7 @@ def test_warmup_is_discarded_and_a_steady_config_converges_at_min_samples():
 
 def test_a_noisy_config_hits_max_samples_and_keeps_every_sample():
     ex = FakeExecutor(4, const(1000.0), noise=0.5, seed=1)
-    p = MeasureProtocol(rel_half_width=0.01, min_samples=3, max_samples=7, max_seconds=None)
+    p = MeasureProtocol(rel_half_width=0.01, min_samples=3, max_samples=7, max_seconds=None, min_sample_seconds=0.0)
     t = measure(ex, Config(envs_per_actor=4, env_parallel_degree=2), 10, p, clock=ex.clock)
     assert t.stop_reason == "max_samples"
     assert t.n == 7 and ex.collects == 8
@@ -206,3 +206,15 @@ def test_interleaved_remeasure_stops_once_the_winner_is_clear():
     trials = remeasure_interleaved(ex, [a, b], 10, p, min_rounds=3, max_rounds=8, clock=ex.clock)
     assert all(t.stop_reason == "separated" for t in trials)
     assert 3 <= trials[0].n < 8
+
+
+def test_short_collects_are_aggregated_into_one_sample():
+    """Offline, a sample lasts at least min_sample_seconds: collects of 40 ms are taken in pairs
+    (their steps over their seconds), so a 5 ms collect's jitter is not a whole sample."""
+    ex = FakeExecutor(4, const(1000.0), warmup_factor=0.25, reconfigure_seconds=0.0)
+    p = MeasureProtocol(min_samples=3, min_sample_seconds=0.05)
+    t = measure(ex, Config(num_actors=2, envs_per_actor=2), 10, p, clock=ex.clock)
+    assert t.n == 3 and t.samples == [pytest.approx(1000.0)] * 3
+    assert ex.collects == 1 + 3 * 2  # one warm-up collect, then two per sample
+    with pytest.raises(ValueError, match="min_sample_seconds"):
+        MeasureProtocol(min_sample_seconds=-1.0)

@@ -94,6 +94,12 @@ class MeasureProtocol:
     no cap). At least one measured collect is always taken."""
     warmup_collects: int = 1
     """Collects after a reconfigure whose throughput is discarded."""
+    min_sample_seconds: float = 0.05
+    """Offline, one sample is as many back-to-back collects as last this long (at least one;
+    at most :data:`MAX_COLLECTS_PER_SAMPLE`). A collect of a cheap env lasts a few
+    milliseconds, and single collects that short varied 10-30% on a shared 2-core VM, so
+    printed ratios built on them disagreed with a re-measure by 14-40%. Online, a sample is
+    always one training collect (the learner decides its length)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.rel_half_width < 1:
@@ -105,11 +111,13 @@ class MeasureProtocol:
             raise ValueError(f"max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
         if self.warmup_collects < 0:
             raise ValueError(f"warmup_collects must be >= 0, got {self.warmup_collects}")
+        if not self.min_sample_seconds >= 0:
+            raise ValueError(f"min_sample_seconds must be >= 0, got {self.min_sample_seconds}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"rel_half_width": self.rel_half_width, "min_samples": self.min_samples,
                 "max_samples": self.max_samples, "max_seconds": self.max_seconds,
-                "warmup_collects": self.warmup_collects}
+                "warmup_collects": self.warmup_collects, "min_sample_seconds": self.min_sample_seconds}
 
 
 def _num(x: float | None) -> float | None:
@@ -236,6 +244,28 @@ class Trial:
         return f"{self.config}: {self.estimate:,.0f}{' ' + iv if iv else ''} steps/s (n={self.n}, {self.source})"
 
 
+MAX_COLLECTS_PER_SAMPLE = 64
+"""Cap on the collects one offline sample aggregates (see ``MeasureProtocol.min_sample_seconds``)."""
+
+
+def sample_throughput(executor: Any, num_steps: int, steps: int, min_seconds: float,
+                      clock: Callable[[], float]) -> float:
+    """One offline sample: collects back to back until they have lasted ``min_seconds`` (at
+    least one), and their total steps over their total seconds (each collect timed by the
+    executor's own stats when present, as :func:`throughput_of` does)."""
+    total_steps, total_seconds = 0, 0.0
+    for _ in range(MAX_COLLECTS_PER_SAMPLE):
+        c0 = clock()
+        rollout = executor.collect(num_steps)
+        wall = clock() - c0
+        stats = getattr(rollout, "stats", None)
+        seconds = float(stats.seconds) if stats is not None and getattr(stats, "seconds", None) else wall
+        total_steps, total_seconds = total_steps + steps, total_seconds + seconds
+        if total_seconds >= min_seconds or total_seconds <= 0:  # a fake clock that never moves: one collect
+            break
+    return total_steps / total_seconds if total_seconds > 0 else throughput_of(rollout, wall, steps)
+
+
 def throughput_of(rollout: Any, seconds: float, steps: int) -> float:
     """Steps/s of one collect: the executor's own stats when present, else our clock."""
     stats = getattr(rollout, "stats", None)
@@ -343,9 +373,8 @@ def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProt
     rec = TrialRecorder(trial, p, clock=clock, deadline=deadline, reference=reference)
     try:
         while True:
-            c0 = clock()
-            rollout = executor.collect(num_steps)
-            sps = throughput_of(rollout, clock() - c0, num_steps * config.num_envs)
+            sps = sample_throughput(executor, num_steps, num_steps * config.num_envs,
+                                    p.min_sample_seconds if rec.warmup_left == 0 else 0.0, clock)
             was_warmup = rec.warmup_left > 0
             done = rec.add(sps)
             if on_sample is not None and not was_warmup:
@@ -385,7 +414,7 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         r0 = clock()
         for tr in (trials if r % 2 == 0 else trials[::-1]):
             _visit(executor, tr, num_steps, p.warmup_collects if tr is not last else 0, samples_per_round,
-                   clock, on_sample)
+                   clock, on_sample, p.min_sample_seconds)
             last = tr
         live = [t for t in trials if t.status != "invalid"]
         if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.estimate for t in live):
@@ -406,7 +435,7 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
 
 
 def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, clock: Callable[[], float],
-           on_sample: Callable[[Trial, float], None] | None) -> None:
+           on_sample: Callable[[Trial, float], None] | None, min_sample_seconds: float = 0.0) -> None:
     """One visit of the interleaved re-measure: reconfigure, warm up, measure."""
     if tr.status == "invalid":
         return
@@ -418,8 +447,7 @@ def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, 
             c0 = clock()
             tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0, steps))
         for _ in range(samples):
-            c0 = clock()
-            sps = throughput_of(executor.collect(num_steps), clock() - c0, steps)
+            sps = sample_throughput(executor, num_steps, steps, min_sample_seconds, clock)
             tr.samples.append(sps)
             if on_sample is not None:
                 on_sample(tr, sps)
