@@ -59,9 +59,11 @@ def run_cli(name: str, budget: float, out_dir: Path) -> dict:
 
 def remeasure(name: str, configs: dict, rounds: int) -> dict[str, list[float]]:
     """Fresh executors for ``configs`` (name -> Config dict), measured interleaved: each
-    round one collect of each (after one warm-up collect each)."""
+    round one sample of each, collects back to back for at least 50 ms as the tuner's offline
+    samples are (after one warm-up collect each)."""
     import auturi
     from auturi.cli import _probe_spaces, build_policy, resolve_env_spec
+    from auturi.tuner.measure import sample_throughput
     from bench.common import interleave
 
     env, n, steps, _ = WORKLOADS[name]
@@ -75,7 +77,9 @@ def remeasure(name: str, configs: dict, rounds: int) -> dict[str, list[float]]:
             ex = auturi.make_executor(env_obj, policy, n, auturi.Config.from_dict(cfg), backend="shm", seed=0)
             executors[key] = ex
             ex.collect(steps)  # warm-up
-        return interleave(executors, rounds, lambda key, ex: ex.collect(steps).stats.steps_per_second)
+        # Each sample as the tuner takes one offline: collects back to back for at least 50 ms.
+        return interleave(executors, rounds,
+                          lambda key, ex: sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter))
     finally:
         for ex in executors.values():
             ex.close()
