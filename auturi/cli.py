@@ -1,5 +1,8 @@
 """The ``auturi`` command line.
 
+Still one module (over 500 lines): policy building, model loading, knob parsing and the
+tables are split by role together with the status server, when both are reworked.
+
 ``auturi tune ENV`` measures layouts for ENV on this machine and prints the fastest;
 ``auturi show result.json`` prints a saved result again; ``auturi bench ...`` runs the
 benchmark suite of a source checkout (``python -m bench``). See ``docs/cli.md``.

@@ -1,5 +1,8 @@
 """One line around an RLlib ``AlgorithmConfig`` (new API stack, PPO): :func:`wrap_rllib`.
 
+Still one module (over 500 lines): env recovery, the policy, the runner and wrapping become
+a package by role when RLlib's other algorithms join, so it is split once.
+
 ``wrap_rllib(config)`` returns the same config object, set up so that the algorithm it builds
 samples through an Auturi executor::
 

@@ -1,5 +1,8 @@
 """One line around a Stable-Baselines3 on-policy model: :func:`wrap_sb3`.
 
+Still one module (over 500 lines): env recovery, the policy adapter, the handle and the
+rollout replay become a package by role when off-policy algorithms join, so it is split once.
+
 ``wrap_sb3(model)`` returns the same ``PPO`` / ``A2C`` object; ``model.learn()``, ``save``,
 ``predict`` and the logger keep working, but every rollout is collected by an Auturi
 executor (and, with ``tune=True``, on a layout the online tuner picks by measurement).
