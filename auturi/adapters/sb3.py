@@ -651,7 +651,13 @@ class SB3Handle:
         # elsewhere (two actors, policy workers) it kept the statistics of wrap time, and the
         # buffer got observations normalised otherwise than the policy had seen them.
         self.adapter.load_obs_stats(state)
-        rollout = (self.tuner if self.tuner is not None else self.executor).collect(num_steps)
+        if self.tuner is not None:
+            # What is left of learn(): the online tuner moves only where the move pays back within it.
+            left = int(getattr(model, "_total_timesteps", 0) or 0) - int(model.num_timesteps)
+            per = num_steps * self.executor.num_envs
+            rollout = self.tuner.collect(num_steps, remaining_collects=max(0, -(-left // per) - 1) if left > 0 else None)
+        else:
+            rollout = self.executor.collect(num_steps)
         self.collects += 1
         self.last_stats = rollout.stats
         self._log(model, rollout)

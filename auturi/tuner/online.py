@@ -108,6 +108,7 @@ class OnlineTuner(_Session):
         self.locked: Trial | None = None
         self.reference: float | None = None
         self.collects = 0
+        self.remaining_collects: int | None = None  # as the caller last said (see collect)
         self.researches = 0
         self.search_cost = 0.0  # seconds the search has cost so far (see the module docstring)
         self.profile_source: str | None = None  # "rollouts" or "executor", once profiled
@@ -128,8 +129,13 @@ class OnlineTuner(_Session):
     def locked_config(self) -> Config | None:
         return self.locked.config if self.locked else None
 
-    def collect(self, num_steps: int) -> Any:
-        """One collect under the current config; returns its rollout, always."""
+    def collect(self, num_steps: int, remaining_collects: int | None = None) -> Any:
+        """One collect under the current config; returns its rollout, always.
+
+        ``remaining_collects``: how many collects the training will still make after this one,
+        when the caller knows (SB3's ``learn(total_timesteps)`` does); the tuner then moves to
+        another layout only where the move is expected to pay back before the end."""
+        self.remaining_collects = remaining_collects
         if self.t0 is None:
             self._begin(num_steps)
         self._num_steps = num_steps
