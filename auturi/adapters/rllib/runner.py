@@ -1,0 +1,310 @@
+"""The runner side of the RLlib face: :class:`RLlibHandle` (the executor, the optional online
+tuner, the last collect's stats) and ``AuturiEnvRunner``, a ``SingleAgentEnvRunner`` whose
+timestep loop is an executor's ``collect`` turned into ``SingleAgentEpisode`` chunks.
+
+The runner class is defined on first use (:func:`runner_class`), so importing this module
+does not import ray."""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.adapters.common import tuner_kwargs
+from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
+from auturi.adapters.rllib.envs import env_factory
+from auturi.adapters.rllib.policy import EXTRAS, RLModulePolicy, distribution_kind, module_state
+from auturi.config import Config
+from auturi.errors import ConfigError
+
+__all__ = ["RLlibHandle", "build_handle", "runner_class"]
+
+
+class RLlibHandle:
+    """What the :class:`AuturiEnvRunner` keeps as ``runner.auturi`` (``algo.env_runner.auturi``):
+    the executor, the optional online tuner and the last collect's stats."""
+
+    def __init__(self, executor: Any, tuner: Any, adapter: RLModulePolicy, seed: int):
+        self.executor, self.tuner, self.adapter, self.seed = executor, tuner, adapter, seed
+        self.last_stats: Any = None
+        self.collects = 0
+        self.closed = False
+
+    @property
+    def config(self) -> Config:
+        return self.executor.config
+
+    def collect(self, num_steps: int) -> Any:
+        rollout = (self.tuner if self.tuner is not None else self.executor).collect(num_steps)
+        self.collects += 1
+        self.last_stats = rollout.stats
+        return rollout
+
+    def info(self) -> dict[str, Any]:
+        """What goes to ``result["env_runners"]["auturi"]``."""
+        st = self.last_stats
+        out: dict[str, Any] = {
+            "config": str(self.executor.config),
+            "phase": self.tuner.phase if self.tuner is not None else "fixed",
+            "steps_per_s": float(st.steps_per_second) if st is not None else float("nan"),
+            "collect_s": float(st.seconds) if st is not None else float("nan"),
+            "reconfigure_s": float(self.executor.last_reconfigure_seconds),
+            "collects": self.collects,
+        }
+        t = self.tuner
+        if t is not None:
+            out["trials"] = len(t.history)
+            best = t.best()
+            if best is not None:
+                out["best_steps_per_s"] = float(best.estimate)
+            if t.locked is not None:
+                res = t.result()
+                out["choice"] = str(res.choice)
+                gain = res.speedup("serial")
+                if np.isfinite(gain):
+                    out["speedup_vs_serial"] = float(gain)
+        return out
+
+    def close(self) -> None:
+        """End the workers. Idempotent; the runner then samples with RLlib's own envs."""
+        self.closed = True
+        self.executor.close()
+
+
+
+_RUNNER_CLS: type | None = None
+
+
+def runner_class() -> type:
+    """Define :class:`AuturiEnvRunner` (a ``SingleAgentEnvRunner`` subclass) on first use, so
+    importing this module does not import ray."""
+    global _RUNNER_CLS
+    if _RUNNER_CLS is not None:
+        return _RUNNER_CLS
+    from ray.rllib.core import COMPONENT_RL_MODULE
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    class AuturiEnvRunner(SingleAgentEnvRunner):
+        """RLlib's ``SingleAgentEnvRunner`` whose timestep sampling runs on an Auturi executor
+        (see the module doc). Calls it does not serve itself (``num_episodes``, random actions,
+        ``explore`` different from the config's, evaluation runners, after ``unwrap``) go to
+        RLlib's own loop over the runner's own vector env."""
+
+        def __init__(self, *, config: Any, **kwargs: Any):
+            super().__init__(config=config, **kwargs)
+            self.auturi: RLlibHandle | None = None
+            self._auturi_episodes: list[Any] = []
+            self._auturi_dirty = True
+            self._auturi_warned: set[str] = set()
+            opts = getattr(self.config, OPTIONS_ATTR, None)
+            if opts is None or self.config.in_evaluation or self.env is None:
+                return
+            if self.worker_index:
+                raise UnsupportedConfigError(
+                    "AuturiEnvRunner runs as the local EnvRunner only (num_env_runners=0): its executor holds all "
+                    "the envs. Do not set num_env_runners after auturi.wrap(config); set it before, and the wrap "
+                    "moves those envs into the executor")
+            self.auturi = build_handle(self, opts)
+            self._auturi_episodes = [None] * self.auturi.executor.num_envs
+
+        # -- sampling
+        def _sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None, explore: bool,
+                    random_actions: bool = False, force_reset: bool = False) -> list:
+            h = self.auturi
+            if (h is None or h.closed or num_timesteps is None or random_actions
+                    or bool(explore) != bool(self.config.explore)):
+                return super()._sample(num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
+                                       random_actions=random_actions, force_reset=force_reset)
+            if force_reset and "force_reset" not in self._auturi_warned:
+                self._auturi_warned.add("force_reset")
+                warnings.warn("AuturiEnvRunner ignores force_reset=True: the executor's envs continue their "
+                              "episodes", stacklevel=2)
+            n = h.executor.num_envs
+            steps = max(1, math.ceil(num_timesteps / n))
+            if self._auturi_dirty:
+                h.executor.set_policy_state(module_state(self.module))
+                self._auturi_dirty = False
+            rollout = h.collect(steps)
+            return _detached(self._auturi_to_episodes(rollout))
+
+        def _auturi_to_episodes(self, r: Any) -> list:
+            """Time-major rollout -> done episodes + ongoing chunks, as ``_sample`` returns them."""
+            from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+            from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+            T, N = r.num_steps, r.num_envs
+            actions = _as_tensor_to_numpy_gives(r.extras.get("raw_actions", r.actions))
+            logp, dist_inputs = (r.extras[k] for k in EXTRAS)
+            seq = self._weights_seq_no
+            eps = self._auturi_episodes
+            obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
+            done_eps: list = []
+            for t in range(T):
+                last = t == T - 1
+                nxt_row = r.last_observations if last else r.observations[t + 1]
+                for i in range(N):
+                    ep = eps[i]
+                    if ep is None or r.episode_starts[t, i]:
+                        if ep is not None:
+                            # A reconfigure recreated this env: its episode was cut (the chunks
+                            # already returned bootstrap from their last observation) and never ends.
+                            self._ongoing_episodes_for_metrics.pop(ep.id_, None)
+                        ep = eps[i] = SingleAgentEpisode(observation_space=obs_space, action_space=act_space)
+                        self._make_on_episode_callback("on_episode_created", i, eps)
+                        ep.add_env_reset(observation=r.observations[t, i], infos={})
+                        self._make_on_episode_callback("on_episode_start", i, eps)
+                    term, trunc = r.terminated[t, i], r.truncated[t, i]  # numpy bools, as the vector env's
+                    done = term or trunc
+                    ep.add_env_step(
+                        observation=r.final_observations[(t, i)] if done else nxt_row[i],
+                        action=actions[t, i], reward=r.rewards[t, i],
+                        infos=dict(r.final_infos.get((t, i), {})) if done else {},
+                        terminated=term, truncated=trunc,
+                        extra_model_outputs={"action_logp": logp[t, i], "action_dist_inputs": dist_inputs[t, i],
+                                             WEIGHTS_SEQ_NO: seq})
+                    self._make_on_episode_callback("on_episode_step", i, eps)
+                    if done:
+                        self._make_on_episode_callback("on_episode_end", i, eps)
+                        done_eps.append(ep.to_numpy() if self.episodes_to_numpy else ep)
+                        eps[i] = None
+            self._done_episodes_for_metrics.extend(done_eps)
+            ongoing: list = []
+            for i, ep in enumerate(eps):
+                if ep is None:
+                    continue
+                eps[i] = ep.cut(len_lookback_buffer=self.config.episode_lookback_horizon)
+                ep.validate()
+                self._ongoing_episodes_for_metrics[ep.id_].append(ep)
+                ongoing.append(ep.to_numpy() if self.episodes_to_numpy else ep)
+            self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=T * N)
+            self._increase_sampled_metrics(T * N, len(done_eps))
+            return done_eps + ongoing
+
+        # -- state, metrics, lifetime
+        def set_state(self, state: Any) -> None:
+            super().set_state(state)
+            if COMPONENT_RL_MODULE in state:
+                self._auturi_dirty = True  # the replicas get the weights before the next collect
+
+        def get_metrics(self) -> Any:
+            h = self.auturi
+            if h is not None and h.last_stats is not None:
+                for k, v in h.info().items():
+                    self.metrics.log_value(("auturi", k), v, reduce="item")
+            return super().get_metrics()
+
+        def stop(self) -> None:
+            try:
+                if self.auturi is not None:
+                    self.auturi.close()
+            finally:
+                super().stop()
+
+        def __del__(self) -> None:
+            h = getattr(self, "auturi", None)
+            if h is not None:
+                try:
+                    h.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    AuturiEnvRunner.__module__ = "auturi.adapters.rllib"  # its public home (the package serves it lazily)
+    AuturiEnvRunner.__qualname__ = "AuturiEnvRunner"
+    _RUNNER_CLS = AuturiEnvRunner
+    return AuturiEnvRunner
+
+
+
+def _as_tensor_to_numpy_gives(a: np.ndarray) -> np.ndarray:
+    """``a`` with the dtype RLlib's ``TensorToNumpy`` connector gives the actions its runner
+    stores (``convert_to_numpy(reduce_type=True)``): floats as float32, signed ints as int32
+    (a ``Discrete`` action is an int32 in RLlib's episodes)."""
+    if np.issubdtype(a.dtype, np.floating):
+        return a.astype(np.float32, copy=False)
+    if np.issubdtype(a.dtype, np.signedinteger):
+        return a.astype(np.int32, copy=False)
+    return a
+
+
+def _detached(episodes: list) -> list:
+    """Copies of ``episodes`` for the caller (the learner), so the runner's own chunks stay as sampled.
+
+    PPO's learner connector changes the episodes it gets in place (``AddOneTsToEpisodesAndTruncate``
+    appends a bootstrap timestep, sets ``is_truncated`` and suffixes the id). RLlib's remote
+    EnvRunners ship copies, but the local EnvRunner, which ``auturi.wrap`` makes the only one,
+    would hand over the very chunks it keeps for ``get_metrics`` and ``prev_episode_chunks``:
+    every ``sample()`` an episode spanned then added one step to its reported length (a 500-step
+    Acrobot episode reported as 503). About 0.7 ms per 128-step chunk."""
+    import copy
+
+    return [copy.deepcopy(ep) for ep in episodes]
+
+
+
+def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
+    import cloudpickle
+
+    from auturi.executor import make_executor
+
+    cfg, module = runner.config, runner.module
+    if module is None:
+        raise UnsupportedConfigError("the algorithm defines no RLModule for its EnvRunner; auturi.wrap needs one")
+    if not hasattr(module, "state_dict"):
+        raise UnsupportedConfigError(f"auturi.wrap needs a torch RLModule, got {type(module).__name__}")
+    if module.is_stateful():
+        raise UnsupportedConfigError("stateful (recurrent) RLModules are not supported by auturi.wrap yet: each "
+                                     "replica would have to carry every env's hidden state. Train without "
+                                     "use_lstm / use_attention, or without auturi")
+    act_space = runner.env.single_action_space
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise UnsupportedConfigError(f"auturi.wrap supports Discrete and Box action spaces, not {act_space}")
+    kind = distribution_kind(module)
+    spec = cfg.get_rl_module_spec(env=runner.env.unwrapped, spaces=runner.get_spaces(), inference_only=True)
+    try:
+        spec_blob = cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise UnsupportedConfigError(f"the RLModuleSpec cannot be pickled to the policy replicas "
+                                     f"({type(exc).__name__}: {exc})") from exc
+    adapter = RLModulePolicy(spec_blob, act_space, kind, normalize_actions=cfg.normalize_actions,
+                             clip_actions=cfg.clip_actions, module=module)
+    factory = env_factory(runner)
+    probe = factory()
+    try:
+        if not isinstance(probe, gym.Env):
+            raise UnsupportedConfigError(f"config.env {factory.name!r} builds a {type(probe).__name__}, not a "
+                                         f"gymnasium.Env; auturi.wrap supports single-agent gymnasium envs")
+        ok = (probe.observation_space == runner.env.single_observation_space
+              and probe.action_space == act_space)
+        if not ok:
+            raise UnsupportedConfigError(
+                f"the env rebuilt for the executor ({probe.observation_space}, {probe.action_space}) does not match "
+                f"the EnvRunner's ({runner.env.single_observation_space}, {act_space})")
+    finally:
+        probe.close()
+    n = runner.num_envs
+    seed = opts.get("seed")
+    if seed is None:
+        seed = cfg.seed if cfg.seed is not None else int(np.random.randint(0, 2**31 - 1))
+    start = opts.get("config") or opts["start"]
+    if start.num_envs != n:
+        raise ConfigError("num_actors*envs_per_actor", start.num_envs, f"must equal the total envs {n}")
+    executor = make_executor([factory] * n, adapter, num_envs=n, config=start, backend=opts["backend"],
+                             seed=int(seed), worker_timeout=opts.get("worker_timeout"))
+    tuner = None
+    try:
+        if opts.get("config") is None and opts["tune"]:
+            from auturi.tuner import OnlineTuner
+
+            tuner = OnlineTuner(executor, strategy=opts["strategy"], seed=int(seed),
+                                workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?",
+                                          "env": factory.name},
+                                **tuner_kwargs(opts.get("budget")))
+    except BaseException:
+        executor.close()
+        raise
+    return RLlibHandle(executor, tuner, adapter, int(seed))
+

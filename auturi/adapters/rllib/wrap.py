@@ -1,0 +1,134 @@
+"""``auturi.wrap(config)`` for RLlib: which ``AlgorithmConfig`` s it takes
+(:func:`check_supported`), :func:`wrap_rllib` and :func:`unwrap_rllib`."""
+from __future__ import annotations
+
+from typing import Any
+
+from auturi.adapters.common import check_face_options
+from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
+from auturi.adapters.rllib.runner import runner_class
+from auturi.config import Config
+from auturi.errors import AuturiError, ConfigError
+
+__all__ = ["check_supported", "unwrap_rllib", "wrap_rllib"]
+
+
+def check_supported(cfg: Any) -> None:
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    if not isinstance(cfg, AlgorithmConfig):
+        raise TypeError(f"auturi.wrap expects an RLlib AlgorithmConfig (e.g. PPOConfig()), got {type(cfg).__name__}")
+    if getattr(cfg, "_is_frozen", False):
+        raise AuturiError("this AlgorithmConfig is frozen (already used to build an algorithm); call auturi.wrap on "
+                          "the config before build_algo(), e.g. auturi.wrap(PPOConfig()...).build_algo()")
+    if not isinstance(cfg, PPOConfig):
+        raise UnsupportedConfigError(
+            f"auturi.wrap supports RLlib PPO (PPOConfig) for now, not {type(cfg).__name__}: other algorithms sample "
+            f"asynchronously or off-policy (replay buffers, n-step targets). Train {type(cfg).__name__} without "
+            f"auturi.wrap, or use PPO")
+    if not (cfg.enable_rl_module_and_learner and cfg.enable_env_runner_and_connector_v2):
+        raise UnsupportedConfigError(
+            "auturi.wrap supports RLlib's new API stack only (RLModule, Learner, EnvRunner, ConnectorV2); this config "
+            "uses the old stack. Remove config.api_stack(enable_rl_module_and_learner=False, ...)")
+    if cfg.is_multi_agent:
+        raise UnsupportedConfigError("multi-agent configs (config.multi_agent(...)) are not supported by auturi.wrap "
+                                     "yet; it runs single-agent gymnasium envs")
+    if not cfg.env:
+        raise UnsupportedConfigError("config.env is not set: call config.environment('CartPole-v1') (or a "
+                                     "registered env name / creator) before auturi.wrap")
+    if cfg.env_runner_cls is not None:
+        raise UnsupportedConfigError(f"the config already sets env_runner_cls={cfg.env_runner_cls.__name__}; "
+                                     f"auturi.wrap replaces the EnvRunner and cannot combine with a custom one")
+    if cfg._env_to_module_connector is not None or cfg._module_to_env_connector is not None:
+        raise UnsupportedConfigError(
+            "custom env-to-module / module-to-env connectors are not supported by auturi.wrap: the policy replicas "
+            "run the module on raw observations in other processes, where those connectors do not run. Move "
+            "observation preprocessing into a gymnasium wrapper inside your env creator (register_env), or train "
+            "without auturi")
+    if not (cfg.add_default_connectors_to_env_to_module_pipeline
+            and cfg.add_default_connectors_to_module_to_env_pipeline):
+        raise UnsupportedConfigError("auturi.wrap reproduces RLlib's default connector pipelines; do not turn them "
+                                     "off (add_default_connectors_to_*_pipeline=False)")
+    if str(cfg.gym_env_vectorize_mode).lower().split(".")[-1] == "vector_entrypoint":
+        raise UnsupportedConfigError("gym_env_vectorize_mode='vector_entrypoint' (a custom vector env) is not "
+                                     "supported by auturi.wrap: the executor steps single envs. Use 'sync'")
+    if cfg.batch_mode != "truncate_episodes":
+        raise UnsupportedConfigError(f"batch_mode={cfg.batch_mode!r} is not supported by auturi.wrap: the executor "
+                                     f"collects fixed-length fragments. Use batch_mode='truncate_episodes'")
+    if not cfg.explore:
+        raise UnsupportedConfigError("auturi.wrap samples with the exploration distribution; training with "
+                                     "explore=False is not supported")
+
+
+def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
+               budget: Any = None, backend: str = "shm", seed: int | None = None,
+               worker_timeout: float | None = None) -> Any:
+    """Make the algorithm built from ``algo_config`` sample through an Auturi executor.
+
+    Returns the same ``AlgorithmConfig`` object (changed in place, like its builder methods):
+    ``env_runner_cls=AuturiEnvRunner``, ``num_env_runners=0`` and ``num_envs_per_env_runner`` =
+    the total envs ``max(1, num_env_runners) * num_envs_per_env_runner`` it had (so the train
+    batch and the rollout fragment stay the same).
+
+    Args:
+        algo_config: an RLlib ``PPOConfig`` on the new API stack, single-agent, with an env.
+        config: a fixed :class:`~auturi.Config` over the total envs; no tuning then.
+        tune: without ``config``, tune the layout online with :class:`auturi.tuner.OnlineTuner`
+            (each training iteration's collect is one measurement), starting from RLlib's own
+            layout (one actor per EnvRunner). ``False``: run that layout.
+        strategy, budget: the tuner's strategy and budget (as for :func:`auturi.wrap` on SB3).
+        backend: ``"shm"`` (processes and shared memory) or ``"serial"``.
+        seed: env ``i`` is seeded ``seed + i`` and the action noise is keyed by it. Default:
+            ``config.debugging(seed=...)`` (RLlib seeds its sub-envs the same way), else random.
+        worker_timeout: seconds a worker may go without progress before ``train()`` raises
+            :class:`~auturi.WorkerError` naming it with its stack; ``None``: 60 s (or
+            ``$AUTURI_WORKER_TIMEOUT``).
+
+    Raises:
+        UnsupportedConfigError: another algorithm, the old API stack, multi-agent, custom
+            connectors or EnvRunner, ``complete_episodes``, ``explore=False``.
+    """
+    check_supported(algo_config)
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
+    check_face_options(backend, worker_timeout)
+    if seed is not None and int(seed) < 0:
+        raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
+    runners, per = int(algo_config.num_env_runners or 0), int(algo_config.num_envs_per_env_runner)
+    total = max(1, runners) * per
+    if config is not None and config.num_envs != total:
+        raise ConfigError("num_actors*envs_per_actor", config.num_envs,
+                          f"must equal the config's total envs max(1, num_env_runners) * num_envs_per_env_runner = "
+                          f"{total}")
+    # RLlib's own layout: one actor (EnvRunner) per num_env_runners, all its envs stepped in turn.
+    start = Config.serial(total) if runners <= 1 else Config(num_actors=runners, envs_per_actor=per,
+                                                             policy_batch_size=per)
+    setattr(algo_config, OPTIONS_ATTR, {
+        "config": config, "tune": bool(tune), "strategy": strategy, "budget": budget, "backend": backend,
+        "worker_timeout": worker_timeout,
+        "seed": None if seed is None else int(seed), "start": start,
+        "restore": {"num_env_runners": algo_config.num_env_runners, "num_envs_per_env_runner": per},
+    })
+    algo_config.env_runners(env_runner_cls=runner_class(), num_env_runners=0, num_envs_per_env_runner=total)
+    return algo_config
+
+
+def unwrap_rllib(obj: Any) -> Any:
+    """Undo :func:`wrap_rllib`. On an ``AlgorithmConfig``: restore its EnvRunner settings. On an
+    ``Algorithm`` built from a wrapped config: end the executor's workers; its runner samples
+    with RLlib's own loop from then on. Returns ``obj``."""
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    if isinstance(obj, Algorithm):
+        h = getattr(obj.env_runner, "auturi", None)
+        if h is not None:
+            h.close()
+        return obj
+    opts = vars(obj).pop(OPTIONS_ATTR, None)
+    if opts is not None:
+        if getattr(obj, "_is_frozen", False):
+            raise AuturiError("this AlgorithmConfig is frozen; unwrap the algorithm instead: auturi.unwrap(algo)")
+        obj.env_runner_cls = None
+        obj.env_runners(**opts["restore"])
+    return obj
