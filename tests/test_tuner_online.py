@@ -387,3 +387,50 @@ def test_on_a_real_executor_the_profile_comes_from_its_rollouts():
         prof = online.strategy.profile
         assert set(prof.policy_seconds["cpu"]) == set(online.space.values("policy_batch_size"))
         assert prof.env_step_seconds > 0 and online.history[0].source == "start"
+
+
+# ---------------------------------------------------------------------------- moves that pay back
+def test_with_few_collects_left_no_move_is_tried_and_serial_is_locked_in():
+    """The caller says 8 collects remain: the predicted best's gain over them is far below
+    what trying it costs (0.5 s per reconfigure here), so the tuner stays where it is."""
+    ex = ProfiledFake()
+    online = model_online(ex)
+    for left in range(8, 0, -1):
+        online.collect(64, remaining_collects=left)
+    assert ex.reconfigures == 0  # every collect ran under the start layout
+    assert online.phase == "locked" and online.locked_config == Config.serial(N16)
+    assert online.declined, "the skipped move must be on record"
+    d = online.declined[0]
+    assert d["benefit_seconds"] <= d["cost_seconds"] and d["collects_left"] < 8
+    assert online.result().online["declined"] == online.declined
+
+
+def test_with_many_collects_left_the_predicted_best_is_tried():
+    ex = ProfiledFake()
+    online = model_online(ex)
+    best = max(SPACE16.configs, key=lambda c: predict(c, TRUE))
+    left = 2000
+    while online.phase != "locked":
+        online.collect(64, remaining_collects=left)
+        left -= 1
+    assert online.history[1].config == best and online.locked_config == best
+    assert not online.declined or all(d["config"] != best.to_dict() for d in online.declined)
+
+
+def test_the_reconfigure_estimate_learns_from_this_runs_reconfigures():
+    ex = ProfiledFake(reconfigure_seconds=2.0)
+    online = model_online(ex)
+    run_until(online, ex, 300.0)
+    two = Config(num_actors=1, envs_per_actor=N16, env_parallel_degree=2)
+    from auturi.tuner.online import PROCESS_START_PRIOR
+
+    est = online._reconfigure_estimate(two)
+    assert est > 5 * PROCESS_START_PRIOR  # the fake's 2 s per reconfigure, not the prior
+
+
+def test_the_tuner_warms_the_executors_worker_start_when_created():
+    ex = ProfiledFake()
+    calls = []
+    ex.warm_start = lambda: calls.append(1)
+    model_online(ex)
+    assert calls == [1]

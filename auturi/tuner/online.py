@@ -27,6 +27,7 @@ collects and estimated seconds spent off the eventual choice.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,6 +40,13 @@ from auturi.tuner.rollout_profile import profile_from_rollouts, profiles_in_proc
 from auturi.tuner.session import _Session
 from auturi.tuner.space import SearchSpace
 from auturi.tuner.strategies import Strategy
+
+
+PROCESS_START_PRIOR = 0.15
+"""Seconds one worker process is assumed to add to a reconfigure before this run measured one
+(forked warm from a forkserver: 0.05-0.2 s on a 2-core machine; cold, it was 0.5-2 s)."""
+RECONFIGURE_BASE = 0.03
+"""Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
 
 
 class OnlineTuner(_Session):
@@ -99,6 +107,9 @@ class OnlineTuner(_Session):
                          space=space, devices=devices, cores=cores, cache=cache, callback=callback, seed=seed,
                          strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
         self.executor = executor
+        warm = getattr(executor, "warm_start", None)
+        if callable(warm):  # worker start-up imports run now, in the background, not in a reconfigure
+            warm()
         self.drop_fraction, self.drop_patience = drop_fraction, drop_patience
         self.max_research_trials = max_research_trials
         self.search_share, self.slower_margin = search_share, slower_margin
@@ -113,6 +124,7 @@ class OnlineTuner(_Session):
         self.search_cost = 0.0  # seconds the search has cost so far (see the module docstring)
         self.profile_source: str | None = None  # "rollouts" or "executor", once profiled
         self.reconfigures: list[dict[str, Any]] = []  # one per reconfigure this tuner made
+        self.declined: list[dict[str, Any]] = []  # configs not tried: they would not pay back (_pays_back)
         self.locked_at_collect: int | None = None
         self._log: list[tuple[Config, float, int]] = []  # (config, seconds, steps) per collect
         self._profile_stats: list[Any] = []  # stats of measured in-process collects
@@ -331,7 +343,60 @@ class OnlineTuner(_Session):
         self._prepare_strategy(self.executor, self._num_steps)
         self.phase = "explore"
         c = self._next_proposal()
+        if c is not None and not self._pays_back(c):
+            return None  # the best-predicted remaining config cannot pay its trial back: lock in
         return (c, "online") if c is not None else None
+
+    # -- does a move pay back before the training ends?
+    def _reconfigure_estimate(self, config: Config) -> float:
+        """Seconds a reconfigure to ``config`` should take: the processes its plan starts times
+        what a started process cost in this run's reconfigures so far (a prior of
+        ``PROCESS_START_PRIOR`` s before any), plus ``RECONFIGURE_BASE`` s; for an executor that
+        does not report what it started, the median of this run's reconfigures."""
+        try:
+            from auturi.executor.layout import plan_layout
+
+            started = len(plan_layout(self.executor.config).diff(plan_layout(config)).started)
+        except Exception:  # a test double's config the planner refuses: assume one process
+            started = 1
+        per = [r["seconds"] / r["executor"]["started"] for r in self.reconfigures
+               if r.get("executor", {}).get("started")]
+        if per:
+            return RECONFIGURE_BASE + started * statistics.median(per)
+        whole = [r["seconds"] for r in self.reconfigures]  # an executor that does not say what it started
+        if whole:
+            return statistics.median(whole)
+        return RECONFIGURE_BASE + started * PROCESS_START_PRIOR
+
+    def _pays_back(self, config: Config) -> bool:
+        """Whether trying ``config`` is expected to pay for itself before the training ends
+        (always True when the caller did not say how many collects remain).
+
+        Benefit: the collects left after the trial, each faster by the fraction the model's
+        optimistic prediction (its estimate raised by its own error) promises over the best
+        measured config, counted at half (the prediction may be wrong). Cost: reconfiguring
+        there and back, and the trial's warm-up and first sample at up to half speed (a
+        slower trial stops after its first sample)."""
+        left = self.remaining_collects
+        best = self.best()
+        pred = self.strategy.predicted(config) if self._prepared else None
+        if left is None or best is None or not best.estimate or not pred or not math.isfinite(pred):
+            return True
+        err = min(float(getattr(self.strategy, "model_error", 0.25) or 0.0), 0.25)
+        collect_s = self._num_steps * self.executor.num_envs / best.estimate
+        trial_collects = self.protocol.warmup_collects + self.protocol.min_samples
+        gain = max(0.0, 1.0 - best.estimate / (pred * math.exp(err)))
+        benefit = 0.5 * gain * collect_s * max(0, left - trial_collects)
+        cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
+        if benefit > cost:
+            return True
+        self.declined.append({"config": config.to_dict(), "at_collect": self.collects, "collects_left": left,
+                              "predicted": pred, "best": best.estimate, "benefit_seconds": benefit,
+                              "cost_seconds": cost})
+        self._emit("phase", None, None,
+                   f"not trying {config}: {left} collects left, its predicted gain ({gain:.0%} at best) would "
+                   f"save ~{benefit:.2f} s against ~{cost:.2f} s to try it")
+        return False
 
     def _lock(self, best: Trial | None = None) -> None:
         if best is None:
@@ -413,7 +478,8 @@ class OnlineTuner(_Session):
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
             online={"first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
-                    "profile_source": self.profile_source, "reconfigures": list(self.reconfigures)})
+                    "profile_source": self.profile_source, "reconfigures": list(self.reconfigures),
+                    "declined": list(self.declined)})
 
     def status(self) -> dict[str, Any]:
         s = super().status()

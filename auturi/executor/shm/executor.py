@@ -99,6 +99,16 @@ class ShmExecutor(Executor):
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
 
+    def warm_start(self) -> None:
+        """Start the env workers' forkserver now (the policy one starts with the executor), so
+        its imports (gymnasium, numpy: about a second of a core) run in the background before a
+        reconfigure needs a worker, not inside it: the online tuner calls this when it is
+        created. A no-op under ``spawn``."""
+        if self._ctx.get_start_method() == "forkserver":
+            import multiprocessing.forkserver as fs
+
+            fs.ensure_running()  # launches the server and returns; it imports while we go on
+
     @property
     def _slots(self) -> list[Slot]:
         """The live workers in control-block order (benches and tests read their pids)."""
