@@ -133,6 +133,9 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
                                                    "locked_config", "cache_hit", "first_run", "profile_source",
                                                    "last_reconfigure")}
             out["tuner"]["reconfigures"] = list(getattr(tuner, "reconfigures", []) or [])
+            out["tuner"]["declined"] = list(getattr(tuner, "declined", []) or [])
+            out["tuner"]["history"] = [{"config": str(t.config), "source": t.source, "estimate": t.estimate,
+                                        "status": t.status} for t in tuner.history]
             try:
                 rec = tuner.result().to_record()
                 out["tuner"]["record_keys"] = sorted(rec)
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="run lengths in seconds of plain SB3")
     ap.add_argument("--tune-budget", type=float, default=20.0, help="offline tuner budget for the fixed choice")
     ap.add_argument("--quick", action="store_true", help="1 seed, one 15 s length, no warm runs")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated subset of sb3,fresh,warm,fixed (default: all; --quick: no warm)")
     ap.add_argument("--out", default="bench/results/online_e2e.json")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -205,6 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
         args.seeds, args.lengths = 1, [15.0]
     names = [n for n in args.workloads.split(",") if n]
     variants = ["sb3", "fresh"] + ([] if args.quick else ["warm"]) + ["fixed"]
+    if args.variants:
+        asked = [v for v in args.variants.split(",") if v]
+        bad = sorted(set(asked) - {"sb3", "fresh", "warm", "fixed"})
+        if bad or ("warm" in asked and "fresh" not in asked):
+            ap.error(f"--variants: unknown {bad}" if bad else "--variants: warm needs fresh (its cache)")
+        variants = [v for v in ["sb3", "fresh", "warm", "fixed"] if v in asked]
     import stable_baselines3  # noqa: F401  (for the versions in the header)
     import torch  # noqa: F401
 
