@@ -373,8 +373,9 @@ class OnlineTuner(_Session):
         (always True when the caller did not say how many collects remain).
 
         Benefit: the collects left after the trial, each faster by the fraction the model's
-        optimistic prediction (its estimate raised by its own error) promises over the best
-        measured config, counted at half (the prediction may be wrong). Cost: reconfiguring
+        prediction promises over the best measured config, counted at half (the prediction
+        may be wrong; its optimistic bound, which the search itself uses, would make a short
+        run pay for trials a long one can afford). Cost: reconfiguring
         there and back, and the trial's warm-up and first sample at up to half speed (a
         slower trial stops after its first sample)."""
         left = self.remaining_collects
@@ -382,10 +383,9 @@ class OnlineTuner(_Session):
         pred = self.strategy.predicted(config) if self._prepared else None
         if left is None or best is None or not best.estimate or not pred or not math.isfinite(pred):
             return True
-        err = min(float(getattr(self.strategy, "model_error", 0.25) or 0.0), 0.25)
         collect_s = self._num_steps * self.executor.num_envs / best.estimate
         trial_collects = self.protocol.warmup_collects + self.protocol.min_samples
-        gain = max(0.0, 1.0 - best.estimate / (pred * math.exp(err)))
+        gain = max(0.0, 1.0 - best.estimate / pred)
         benefit = 0.5 * gain * collect_s * max(0, left - trial_collects)
         cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
         if benefit > cost:
@@ -394,7 +394,7 @@ class OnlineTuner(_Session):
                               "predicted": pred, "best": best.estimate, "benefit_seconds": benefit,
                               "cost_seconds": cost})
         self._emit("phase", None, None,
-                   f"not trying {config}: {left} collects left, its predicted gain ({gain:.0%} at best) would "
+                   f"not trying {config}: {left} collects left, its predicted gain ({gain:.0%}) would "
                    f"save ~{benefit:.2f} s against ~{cost:.2f} s to try it")
         return False
 
