@@ -195,9 +195,10 @@ def test_metrics_is_prometheus_text(server, finished):
         values.setdefault(m["name"], []).append(float(m["value"]))
     assert values["auturi_up"] == [1]
     assert values["auturi_tuner_trials_total"] == [len(finished[2].trials)]
-    assert values["auturi_tuner_best_throughput_steps_per_second"][0] > 0
+    assert min(values["auturi_tuner_trial_throughput_steps_per_second"]) > 0
     assert sum(values["auturi_tuner_phase"]) == 1
-    assert len(values["auturi_trial_throughput_steps_per_second"]) == len(finished[1].trials())
+    # Trial results by role, not one series per trial (tests/test_server_metrics.py: bounded labels).
+    assert len(values["auturi_tuner_trial_throughput_steps_per_second"]) <= 5 < len(finished[1].trials())
 
 
 def test_healthz(server):

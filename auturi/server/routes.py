@@ -77,10 +77,17 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
             trials_body[0] = (shaped, key, body)  # holds `shaped`, so its identity is not reused
         return Response(body, media_type="application/json", headers=nocache)
 
+    @app.get("/history", response_model=M["HistoryModel"], summary="Recorded training collects over wall time")
+    async def get_history() -> JSONResponse:
+        return JSONResponse({"points": reader.history()}, headers=nocache)
+
     @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus text format",
-             responses={200: {"content": {"text/plain": {}}}})
+             responses={200: {"content": {"text/plain": {}}}, **_json_errors(M, {503: "prometheus_client is missing"})})
     async def get_metrics() -> PlainTextResponse:
-        text = render_metrics(reader.status(), reader.trials())
+        try:
+            text = render_metrics(reader.status(), reader.trials())
+        except ImportError as e:  # the server extra without prometheus_client: say what to install
+            return JSONResponse({"detail": str(e)}, status_code=503)  # type: ignore[return-value]
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8", headers=nocache)
 
     @app.get("/healthz", response_model=M["HealthModel"], summary="Liveness")

@@ -4,7 +4,7 @@ from typing import Annotated, Any, Literal
 
 from auturi.server.shape import _finite
 
-PHASES = ("idle", "baseline", "profiling", "search", "final", "done", "failed", "explore", "locked", "research", "paused")
+PHASES = ("idle", "baseline", "profiling", "search", "final", "confirm", "done", "failed", "explore", "locked", "research", "paused")
 TRIAL_STATUSES = ("running", "ok", "invalid", "failed")
 TRIAL_SOURCES = ("start", "serial", "cache", "search", "final", "confirm", "online", "research")
 
@@ -37,6 +37,22 @@ def _models() -> dict[str, Any]:
         seconds: Num = Field(None, description="Wall seconds allowed for the search")
         seconds_left: Num = None
 
+    class TimeSplitModel(BaseModel):
+        """Where the latest recorded collect's time went. The parts are summed over actors, so
+        with several actors they can exceed the wall ``seconds``."""
+
+        seconds: Num = Field(None, description="Wall seconds of the collect")
+        env_seconds: Num = Field(None, description="Stepping envs")
+        policy_seconds: Num = Field(None, description="Inference")
+        wait_seconds: Num = Field(None, description="Actors blocked waiting for a worker")
+        label: str = Field("", description="The layout it ran under")
+
+    class TotalsModel(BaseModel):
+        wall: Num = None
+        env_seconds: Num = None
+        policy_seconds: Num = None
+        wait_seconds: Num = None
+
     class StatusModel(BaseModel):
         """Where tuning stands."""
 
@@ -67,6 +83,15 @@ def _models() -> dict[str, Any]:
         extra: dict[str, Any] = Field(default_factory=dict, description="Other fields the source reports")
         snapshot_age_seconds: Num = Field(None, description="Seconds since the source last published")
         server_time: float
+        situation: Literal["tuning", "training"] = Field(
+            "tuning", description="tuning: an offline search (auturi tune); training: collects of a training run")
+        searching: bool = Field(False, description="The tuner is still measuring (its budget applies)")
+        env: str | None = Field(None, description="The env being collected from")
+        best_config_code: str = Field("", description="The best config as Python: auturi.Config(...)")
+        steps_total: int | None = Field(None, description="Env steps of the recorded training collects")
+        collects_total: int | None = None
+        seconds_total: TotalsModel | None = Field(None, description="Seconds of the recorded collects, summed")
+        time_split: TimeSplitModel | None = None
 
     class TrialModel(BaseModel):
         """One measured config with all its samples."""
@@ -95,6 +120,22 @@ def _models() -> dict[str, Any]:
         total: int = Field(description="Trials matching the filters, before offset and limit")
         offset: int
         trials: list[TrialModel]
+
+    class HistoryPointModel(BaseModel):
+        """One recorded training collect."""
+
+        at: float = Field(description="Wall time it ended (Unix seconds)")
+        steps: int | None = None
+        seconds: Num = None
+        steps_per_second: Num = None
+        env_seconds: Num = None
+        policy_seconds: Num = None
+        wait_seconds: Num = None
+        config: ConfigModel | None = None
+        label: str = ""
+
+    class HistoryModel(BaseModel):
+        points: list[HistoryPointModel]
 
     class HealthModel(BaseModel):
         status: Literal["ok"] = "ok"

@@ -7,6 +7,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+SEARCH_PHASES = frozenset({"baseline", "profiling", "search", "final", "confirm", "explore", "research"})
+"""Phases in which the tuner is still measuring, so its budget is worth showing."""
+
 
 def _finite(x: Any) -> float | None:
     """A finite float, or None (JSON has no inf/nan; bools are not numbers here)."""
@@ -54,6 +57,26 @@ def _config_dict(c: Any) -> dict[str, Any] | None:
 def _config_label(c: Any) -> str:
     parsed = _parse_config(c)
     return parsed[1] if parsed else ""
+
+
+def _config_code(cfg: dict[str, Any] | None) -> str:
+    """The line that reproduces ``cfg`` in Python (``auturi.Config(num_actors=2, ...)``), or ""."""
+    from auturi.config import Config
+
+    return "" if cfg is None else "auturi." + repr(Config.from_dict(cfg))
+
+
+def _collect_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The recorded collects' counters and the latest collect's time split, or None each."""
+    totals, split = raw.get("seconds_total"), raw.get("time_split")
+    parts = ("seconds", "env_seconds", "policy_seconds", "wait_seconds")
+    return {
+        "steps_total": _int(raw.get("steps_total"), None), "collects_total": _int(raw.get("collects_total"), None),
+        "seconds_total": ({k: _finite(totals.get(k)) for k in ("wall", *parts[1:])}
+                          if isinstance(totals, Mapping) else None),
+        "time_split": ({**{k: _finite(split.get(k)) for k in parts}, "label": _config_label(split.get("config"))}
+                       if isinstance(split, Mapping) else None),
+    }
 
 
 def _parse_config(c: Any) -> tuple[dict[str, Any], str] | None:
@@ -117,7 +140,8 @@ class _Reader:
                  "best_half_width", "best_low", "best_high", "best_confidence", "throughput_now", "throughput_now_at",
                  "trials", "trials_ok", "budget_trials",
                  "budget_trials_left", "budget_seconds", "budget_seconds_left", "elapsed_seconds", "space",
-                 "cache_hit", "updated_at", "hardware"}
+                 "cache_hit", "updated_at", "hardware", "env", "steps_total", "collects_total", "seconds_total",
+                 "time_split"}
         cur, best = _config_dict(raw.get("current_config")), _config_dict(raw.get("best_config"))
         now_at, updated = _finite(raw.get("throughput_now_at")), _finite(raw.get("updated_at"))
         hw = raw.get("hardware")
@@ -151,7 +175,41 @@ class _Reader:
             "extra": _jsonable({k: v for k, v in raw.items() if k not in known}),
             "snapshot_age_seconds": None if updated is None else max(0.0, now - updated),
             "server_time": now,
+            **self._situation(raw, best),
+            **_collect_fields(raw),
         }
+
+    def _situation(self, raw: Mapping[str, Any], best: dict[str, Any] | None) -> dict[str, Any]:
+        """What the page needs to pick its view: which run this is, whether the search (and so
+        its budget) is still going, the env, and the choice as the line to paste."""
+        mode, phase = raw.get("mode"), str(raw.get("phase") or "unknown")
+        env = raw.get("env")
+        if not env:
+            workload = getattr(self.source, "workload", None)
+            env = workload.get("env") if isinstance(workload, Mapping) else None
+        return {"situation": "training" if mode in ("online", "fixed") else "tuning",
+                "searching": phase in SEARCH_PHASES,
+                "env": None if not env else (", ".join(map(str, env)) if isinstance(env, (list, tuple)) else str(env)),
+                "best_config_code": _config_code(best)}
+
+    def history(self) -> list[dict[str, Any]]:
+        """The source's recorded collects (:meth:`StatusSnapshot.history`), shaped; a source
+        without one (a raw tuner) has none."""
+        read = getattr(self.source, "history", None)
+        try:
+            raw = list(read()) if callable(read) else []
+        except Exception:  # noqa: BLE001 - a status feed never fails a request
+            raw = []
+        out = []
+        for p in raw:
+            if not isinstance(p, Mapping) or _finite(p.get("at")) is None:
+                continue
+            cfg = _config_dict(p.get("config"))
+            out.append({"at": _finite(p.get("at")), "steps": _int(p.get("steps"), None),
+                        "seconds": _finite(p.get("seconds")), "steps_per_second": _finite(p.get("steps_per_second")),
+                        "env_seconds": _finite(p.get("env_seconds")), "policy_seconds": _finite(p.get("policy_seconds")),
+                        "wait_seconds": _finite(p.get("wait_seconds")), "config": cfg, "label": _config_label(cfg)})
+        return out
 
     def trials(self) -> list[dict[str, Any]]:
         raw = self.raw_trials()
