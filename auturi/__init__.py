@@ -2,6 +2,16 @@
 and run it without changing what the learner receives.
 
 Importing ``auturi`` does not import torch (env workers import this package).
+
+Example (find the fastest layout for a workload, then use it):
+    >>> import auturi, gymnasium as gym
+    >>> from auturi.envs import CountingEnv
+    >>> result = auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=4, num_steps=8,
+    ...                      budget_trials=2, backend="serial", cache=False)
+    >>> result.config.num_envs
+    4
+
+With SB3: ``model = auturi.wrap(PPO("MlpPolicy", env), config=result.config)``.
 """
 from auturi._version import __version__
 from auturi.config import Config
@@ -9,7 +19,7 @@ from auturi.errors import AuturiError, ConfigError, EnvCheckError, WorkerError
 from auturi.executor import Executor, make_executor
 from auturi.policy import ConstantPolicy, Policy, RandomPolicy, TorchPolicy
 from auturi.rollout import CollectStats, Rollout
-from auturi.tuner import OnlineTuner, SearchSpace, Tuner, TuneResult, build_space
+from auturi.tuner import OnlineTuner, SearchSpace, Tuner, TuneReport, TuneResult, build_space, tune
 
 
 def wrap(obj, **kwargs):
@@ -20,7 +30,23 @@ def wrap(obj, **kwargs):
     - an RLlib ``AlgorithmConfig`` (new API stack, PPO): returns the same config, whose
       ``build_algo()`` samples through Auturi (:func:`auturi.adapters.rllib.wrap_rllib`).
 
-    See ``docs/adapters.md`` for the options."""
+    The options (``config=``, ``budget=``, ``backend=``, ``status_port=``, ...) are those of
+    the two functions above; ``docs/adapters.md`` describes them. Anything else raises
+    ``TypeError`` naming what is supported:
+
+    >>> import auturi
+    >>> auturi.wrap(object())
+    Traceback (most recent call last):
+    ...
+    TypeError: auturi.wrap supports Stable-Baselines3 models (PPO, A2C) and RLlib AlgorithmConfigs (PPO); got object. For anything else build an executor with auturi.make_executor(...)
+
+    With SB3 (needs ``stable-baselines3``; tuning runs inside ``learn``)::
+
+        model = auturi.wrap(PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8)))
+        model.learn(100_000)          # collects through Auturi's chosen layout
+        auturi.unwrap(model)          # back to SB3's own loop
+
+    A layout found earlier: ``auturi.wrap(model, config=auturi.tune("CartPole-v1").config)``."""
     roots = {c.__module__.split(".")[0] for c in type(obj).__mro__}
     if roots & {"stable_baselines3", "sb3_contrib"}:
         from auturi.adapters.sb3 import wrap_sb3  # lazy: keeps `import auturi` torch-free
@@ -40,7 +66,14 @@ def wrap(obj, **kwargs):
 def unwrap(obj):
     """Undo :func:`wrap`. SB3 model: close the executor and restore its own collection loop.
     RLlib AlgorithmConfig: restore its EnvRunner settings; RLlib Algorithm: end the executor's
-    workers (its runner samples with RLlib's own loop from then on)."""
+    workers (its runner samples with RLlib's own loop from then on). Returns ``obj``.
+
+    Example (SB3)::
+
+        model = auturi.wrap(PPO("MlpPolicy", env))
+        model.learn(10_000)
+        auturi.unwrap(model)          # the executor's workers have ended here
+    """
     if "ray" in {c.__module__.split(".")[0] for c in type(obj).__mro__}:
         from auturi.adapters.rllib import unwrap_rllib
 
@@ -52,5 +85,5 @@ def unwrap(obj):
 __all__ = [
     "Config", "AuturiError", "ConfigError", "EnvCheckError", "WorkerError", "Executor", "make_executor", "Policy",
     "ConstantPolicy", "RandomPolicy", "TorchPolicy", "Rollout", "CollectStats", "Tuner", "OnlineTuner",
-    "TuneResult", "SearchSpace", "build_space", "wrap", "unwrap", "__version__",
+    "TuneResult", "TuneReport", "SearchSpace", "build_space", "tune", "wrap", "unwrap", "__version__",
 ]

@@ -10,6 +10,7 @@
   :class:`OnlineTuner` (its profile from the training's first rollouts:
   :mod:`~auturi.tuner.rollout_profile`); :mod:`~auturi.tuner.result`: :class:`TuneResult`,
   :class:`TuneError`, :class:`TunerEvent`; :mod:`~auturi.tuner.session`: what both share;
+- :mod:`~auturi.tuner.api`: :func:`tune`, the command line's job from Python (``auturi.tune``);
 - :mod:`~auturi.tuner.cache`: JSON results, fingerprints and the cache of past choices.
 
 Example:
@@ -49,6 +50,7 @@ from auturi.tuner.strategies import (
 from auturi.tuner.offline import Tuner
 from auturi.tuner.online import OnlineTuner
 from auturi.tuner.result import TuneError, TuneResult, TunerEvent
+from auturi.tuner.api import TuneReport, tune
 
 __all__ = [
     "GridStrategy",
@@ -62,6 +64,7 @@ __all__ = [
     "Strategy",
     "Trial",
     "TuneError",
+    "TuneReport",
     "TuneResult",
     "Tuner",
     "TunerEvent",
@@ -76,5 +79,6 @@ __all__ = [
     "remeasure_interleaved",
     "resolve_cache_dir",
     "save_record",
+    "tune",
     "workload_fingerprint",
 ]

@@ -1,0 +1,405 @@
+"""The ``auturi`` commands (typer): ``tune`` (built on :func:`auturi.tune`), ``show`` and
+``bench``, and how their errors become exit codes.
+
+Exit codes: 0 done, 1 tuning failed at run time (a worker died), 2 bad input (unknown env,
+bad budget, missing GPU, unreadable file; one line says what to change), 130 interrupted.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from auturi.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail, one_line, stderr, stdout
+from auturi.cli.knobs import executor_kwargs, parse_devices, parse_start
+from auturi.cli.policies import build_policy, probe_spaces, resolve_env_spec
+from auturi.tuner.api import DEFAULT_BUDGET_SECONDS
+from auturi.cli.render import ProgressFeed, config_line, json_safe, make_progress, notes_help, print_result
+
+__all__ = ["app", "main"]
+
+# Defaults sized so that `auturi tune CartPole-v1` ends in well under a minute on 2 cores.
+DEFAULT_NUM_ENVS = 8
+DEFAULT_NUM_STEPS = 64
+DEFAULT_MAX_TRIAL_SECONDS = 4.0
+DEFAULT_TOP_K = 2
+DEFAULT_FINAL_ROUNDS = (1, 2)
+
+
+class Strategy(str, Enum):
+    model = "model"
+    grid = "grid"
+    optuna = "optuna"
+
+
+class Backend(str, Enum):
+    shm = "shm"
+    serial = "serial"
+    ray = "ray"
+
+
+app = typer.Typer(
+    name="auturi", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    help="Find, by measurement, the fastest parallel layout for RL experience collection.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from auturi import __version__
+
+        print(f"auturi {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Find, by measurement, the fastest parallel layout for RL experience collection."""
+
+
+# ---------------------------------------------------------------------------- commands
+Opt = typer.Option
+
+
+@app.command(epilog=notes_help())
+def tune(
+    env: Annotated[str, typer.Argument(help="A gymnasium id (CartPole-v1), an EnvPool id (envpool:Pong-v5), or "
+                                            "module:factory (a callable returning a gymnasium.Env).")],
+    policy: Annotated[str, Opt("--policy", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), or PATH.zip: "
+                                                "a saved SB3 PPO/A2C model's network.")] = "auto",
+    num_envs: Annotated[int, Opt("--num-envs", help="Total envs (kept fixed by the search).")] = DEFAULT_NUM_ENVS,
+    num_steps: Annotated[int, Opt("--num-steps", help="Steps per env per collect (your training's rollout "
+                                                      "length).")] = DEFAULT_NUM_STEPS,
+    strategy: Annotated[Strategy, Opt("--strategy", help="model (profile, predict, measure the promising), grid "
+                                                         "(all), optuna.")] = Strategy.model,
+    budget_trials: Annotated[int | None, Opt("--budget-trials", help="Most configs to measure (baselines "
+                                                                     "included).")] = None,
+    budget_seconds: Annotated[float | None, Opt("--budget-seconds", help=f"Wall seconds for the tuning, final "
+                                                f"re-measure included (default {DEFAULT_BUDGET_SECONDS:g} when no "
+                                                f"budget is given).")] = None,
+    devices: Annotated[str | None, Opt("--devices", help="Policy devices to consider: cpu, cuda, cpu,cuda "
+                                                         "(default: cpu, plus cuda when present).")] = None,
+    start: Annotated[str | None, Opt("--start", help="Your current layout, measured as a baseline, e.g. "
+                                                     "num_actors=2,env_parallel_degree=2 (default: serial).")] = None,
+    seed: Annotated[int, Opt("--seed", help="Seeds the envs (env i gets seed+i) and the strategy.")] = 0,
+    out: Annotated[Path | None, Opt("--out", "-o", help="Write the JSON results record here.")] = None,
+    status_port: Annotated[int | None, Opt("--status-port", help="Serve the status page and API on this port "
+                                                                 "while tuning (0: any free port).")] = None,
+    status_host: Annotated[str, Opt("--status-host", help="Address of the status server; a non-loopback one "
+                                                          "needs --status-token.")] = "127.0.0.1",
+    status_token: Annotated[str | None, Opt("--status-token", envvar="AUTURI_STATUS_TOKEN",
+                                            help="Token the status server requires (Bearer header or "
+                                                 "?token=).")] = None,
+    status_linger: Annotated[float, Opt("--status-linger", help="Keep serving this many seconds after tuning "
+                                                                "ends.")] = 0.0,
+    json_out: Annotated[bool, Opt("--json", help="Print only the JSON record on stdout.")] = False,
+    backend: Annotated[Backend, Opt("--backend", help="shm (processes, shared memory), serial (everything in "
+                                                      "this process) or ray (one Ray actor per actor; see "
+                                                      "--address).")] = Backend.shm,
+    address: Annotated[str | None, Opt("--address", help="The Ray cluster for --backend ray: auto, HOST:6379 or "
+                                                         "ray://HOST:10001 (default: $RAY_ADDRESS, else a local "
+                                                         "Ray started for the run).")] = None,
+    worker_timeout: Annotated[float | None, Opt("--worker-timeout", metavar="SECONDS",
+                                                help="A worker that makes no progress this long fails the trial, "
+                                                     "named (default: $AUTURI_WORKER_TIMEOUT, else 60; inf: "
+                                                     "never).")] = None,
+    max_trial_seconds: Annotated[float, Opt("--max-trial-seconds", help="Cap on one trial's measuring "
+                                                                        "time.")] = DEFAULT_MAX_TRIAL_SECONDS,
+    cache: Annotated[bool, Opt("--cache/--no-cache", help="Start from, and store into, the results cache "
+                                                          "($AUTURI_CACHE_DIR or ~/.cache/auturi).")] = True,
+    debug: Annotated[bool, Opt("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Measure collection layouts for ENV on this machine and print the fastest."""
+    _run(lambda: _tune(env=env, policy=policy, num_envs=num_envs, num_steps=num_steps, strategy=strategy.value,
+                       budget_trials=budget_trials, budget_seconds=budget_seconds, devices=devices, start=start,
+                       seed=seed, out=out, status_port=status_port, status_host=status_host, status_token=status_token,
+                       status_linger=status_linger, json_out=json_out, backend=backend.value,
+                       max_trial_seconds=max_trial_seconds, cache=cache,
+                       executor_kwargs=executor_kwargs(backend.value, address, worker_timeout)), debug)
+
+
+@app.command()
+def show(
+    path: Annotated[Path, typer.Argument(help="A results record (auturi tune --out, or a cache file).")],
+    json_out: Annotated[bool, Opt("--json", help="Print the choice as JSON.")] = False,
+    debug: Annotated[bool, Opt("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Print a saved result: the trials table and the choice as an auturi.Config(...) line."""
+    _run(lambda: _show(path, json_out), debug)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "help_option_names": []})
+def bench(ctx: typer.Context) -> None:
+    """Run the benchmark suite of a source checkout (python -m bench); see auturi bench --help."""
+    _run(lambda: _bench(list(ctx.args)), debug=True)  # a benchmark crash shows its traceback
+
+
+def _bench(args: list[str]) -> None:
+    """Forward to ``bench.suite.main``: the repository's ``bench`` package, importable from the
+    current directory or from the checkout this ``auturi`` package lives in (editable install)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "bench" / "suite.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))
+    try:
+        suite = importlib.import_module("bench.suite")
+    except ImportError:
+        suite = None
+    if suite is None or not callable(getattr(suite, "main", None)):
+        fail("auturi bench needs a source checkout: the benchmarks are the repository's bench/ package, which "
+              "pip does not install. Clone the Auturi repository, pip install -e '.[dev]' there, and run "
+              "auturi bench (or python -m bench) from its root")
+    suite.main(args)
+
+
+def _run(fn: Callable[[], None], debug: bool) -> None:
+    err = stderr()
+    try:
+        fn()
+    except CliError as e:
+        err.print(f"auturi: error: {e}", markup=False, soft_wrap=True)
+        raise typer.Exit(e.code) from None
+    except KeyboardInterrupt:
+        err.print("auturi: interrupted; every worker was stopped", markup=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - no traceback for users unless --debug
+        if debug:
+            traceback.print_exc()
+        from auturi.errors import WorkerError
+
+        hint = "" if debug else " (run with --debug for the traceback)"
+        if isinstance(e, WorkerError) or type(e).__name__ == "TuneError":
+            hint += "; to find which layout fails, try --backend serial or --strategy grid"
+        err.print(f"auturi: error: {type(e).__name__}: {one_line(str(e), 2)}{hint}", markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | None, budget_seconds: float | None,
+                        max_trial_seconds: float, status_port: int | None, status_host: str,
+                        status_token: str | None, status_linger: float, strategy: str) -> None:
+    """The options' rules in the CLI's words, before any heavy import (a typo costs nothing)."""
+    if num_envs < 1:
+        fail(f"--num-envs must be >= 1, got {num_envs}")
+    if num_steps < 1:
+        fail(f"--num-steps must be >= 1, got {num_steps}")
+    if budget_trials is not None and budget_trials < 1:
+        fail(f"--budget-trials must be >= 1, got {budget_trials} (leave it out for the strategy's own stop)")
+    if budget_seconds is not None and not (budget_seconds > 0 and math.isfinite(budget_seconds)):
+        fail(f"--budget-seconds must be > 0, got {budget_seconds:g}")
+    if not (max_trial_seconds > 0 and math.isfinite(max_trial_seconds)):
+        fail(f"--max-trial-seconds must be > 0, got {max_trial_seconds:g}")
+    if status_port is not None and not 0 <= status_port <= 65535:
+        fail(f"--status-port must be in 0..65535 (0: any free port), got {status_port}")
+    if status_linger < 0:
+        fail(f"--status-linger must be >= 0, got {status_linger:g}")
+    if strategy == "optuna" and importlib.util.find_spec("optuna") is None:
+        fail("--strategy optuna needs Optuna: pip install optuna (or 'auturi[tune]'), or use --strategy model")
+    if status_port is not None:
+        if importlib.util.find_spec("fastapi") is None:
+            fail("--status-port needs FastAPI and uvicorn: pip install 'auturi[server]'")
+        from auturi.server import is_loopback
+
+        if not is_loopback(status_host) and not status_token:
+            fail(f"--status-host {status_host} is not loopback: pass --status-token TOKEN (or set "
+                 f"AUTURI_STATUS_TOKEN) so only you can read it, or leave --status-host at 127.0.0.1")
+
+
+class _StatusPage:
+    """The status server of ``--status-port``: a snapshot fed by the tuner's events, served
+    from the moment the executor exists until :meth:`stop`."""
+
+    def __init__(self, host: str, port: int, token: str | None):
+        from auturi.server import StatusSnapshot
+
+        self.host, self.port, self.token = host, port, token
+        self.snapshot = StatusSnapshot()
+        self.server: Any = None
+        self.tuner: Any = None
+
+    def start(self, tuner: Any) -> str:
+        from auturi.server import StatusServer
+
+        self.tuner = tuner
+        self.snapshot.attach(tuner)
+        server = StatusServer(self.snapshot, host=self.host, port=self.port, token=self.token, hardware=None)
+        try:
+            url = server.start()
+        except Exception as e:  # noqa: BLE001 - ServerError: port in use, ...
+            fail(one_line(str(e)))
+        self.server = server
+        return url
+
+    def final(self) -> None:
+        if self.tuner is not None:
+            self.snapshot.update(status=self.tuner.status(), trials=self.tuner.trials())
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str, budget_trials: int | None,
+          budget_seconds: float | None, devices: str | None, start: str | None, seed: int, out: Path | None,
+          status_port: int | None, status_host: str, status_token: str | None, status_linger: float,
+          json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
+          executor_kwargs: dict[str, Any]) -> None:
+    _check_tune_options(num_envs=num_envs, num_steps=num_steps, budget_trials=budget_trials,
+                        budget_seconds=budget_seconds, max_trial_seconds=max_trial_seconds, status_port=status_port,
+                        status_host=status_host, status_token=status_token, status_linger=status_linger,
+                        strategy=strategy)
+    if budget_trials is None and budget_seconds is None:
+        budget_seconds = DEFAULT_BUDGET_SECONDS
+    start_config = parse_start(start, num_envs) if start is not None else None
+    env_obj = resolve_env_spec(env)
+    dev_list = parse_devices(devices)
+    if start_config is not None and start_config.policy_device != "cpu":
+        dev = start_config.policy_device
+        parse_devices(dev, f"--start policy_device={dev}")  # the same check for a missing GPU
+    out_path = out.expanduser() if out is not None else None
+    if out_path is not None and out_path.parent and not out_path.parent.exists():
+        fail(f"--out {out}: directory {out_path.parent} does not exist")
+    pol, pol_desc = build_policy(policy, *probe_spaces(env_obj))
+
+    from auturi.errors import ConfigError
+    from auturi.tuner.api import tune as tune_api
+
+    err, out_console = stderr(), stdout()
+    progress = None if json_out else make_progress(err)
+    page = _StatusPage(status_host, status_port, status_token or None) if status_port is not None else None
+    feed = ProgressFeed(progress, page.snapshot if page is not None else None)
+    if not json_out:
+        err.print(f"Tuning {env} x {num_envs} envs, {num_steps} steps/collect, policy {pol_desc}, "
+                  f"backend {backend}, strategy {strategy}, budget "
+                  + ", ".join(x for x in (f"{budget_trials} trials" if budget_trials else "",
+                                          f"{budget_seconds:g} s" if budget_seconds else "") if x),
+                  markup=False, soft_wrap=True)
+
+    def on_start(tuner: Any, executor: Any) -> None:
+        if page is not None:
+            url = page.start(tuner)
+            err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
+        tuner.startup_seconds = _process_seconds()
+        if progress is not None:
+            progress.start()
+
+    try:
+        try:
+            result = tune_api(env_obj, policy=pol, num_envs=num_envs, num_steps=num_steps,
+                              budget_seconds=budget_seconds, budget_trials=budget_trials, strategy=strategy,
+                              backend=backend, start=start_config, devices=dev_list, seed=seed, cache=cache,
+                              max_trial_seconds=max_trial_seconds, top_k=DEFAULT_TOP_K,
+                              final_rounds=DEFAULT_FINAL_ROUNDS, callback=feed, on_start=on_start,
+                              **executor_kwargs)
+        except ConfigError as e:
+            fail(str(e))
+        finally:
+            if progress is not None:
+                progress.stop()
+        if page is not None:
+            page.final()
+        _report(result, out_path, json_out, cache, page, err, out_console)
+        if page is not None and page.server is not None and status_linger > 0:
+            if not json_out:
+                err.print(f"Serving {page.server.url} for {status_linger:g} more s (Ctrl-C to stop)", markup=False)
+            try:
+                time.sleep(status_linger)
+            except KeyboardInterrupt:
+                pass  # tuning is done: Ctrl-C only ends the linger
+    finally:
+        if page is not None:
+            page.stop()
+
+
+def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, page: Any, err: Any,
+            out_console: Any) -> None:
+    """The record to --out, then the JSON or the tables."""
+    saved = result.save(out_path) if out_path is not None else None
+    if json_out:
+        rec = result.to_record()
+        if page is not None and page.server is not None:
+            rec["status_url"] = page.server.url
+        out_console.file.write(json.dumps(json_safe(rec), indent=1, allow_nan=False) + "\n")
+        out_console.file.flush()
+        return
+    print_result(out_console, result, saved)
+    if saved is None and cache:
+        from auturi.tuner.cache import ResultsCache
+
+        p = ResultsCache().path(result.hardware, result.workload)
+        if p.exists():
+            err.print(f"Record cached at {p} (write one with --out result.json)", markup=False, soft_wrap=True)
+
+
+def _process_seconds() -> float | None:
+    """Seconds since this process started (Linux; None elsewhere): the start-up cost."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(after_name[19])  # field 22, starttime, in clock ticks since boot
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _show(path: Path, json_out: bool) -> None:
+    from auturi.tuner.api import TuneReport as TuneResult  # reads a record's "explain" too
+
+    p = path.expanduser()
+    if not p.is_file():
+        fail(f"{path}: no such file; write one with auturi tune ENV --out {path}")
+    try:
+        result = TuneResult.load(p)
+    except json.JSONDecodeError as e:
+        fail(f"{path}: not JSON ({e.msg} at line {e.lineno}); pass a file written by auturi tune --out")
+    except (KeyError, TypeError, ValueError) as e:
+        fail(f"{path}: not an Auturi results record ({type(e).__name__}: {one_line(str(e))}); pass a file "
+              f"written by auturi tune --out")
+    except OSError as e:
+        fail(f"{path}: cannot read it ({e.strerror})")
+    out = stdout()
+    if json_out:
+        rec = {"choice": result.choice.to_dict(), "config_line": config_line(result.choice),
+               "throughput": result.throughput, "why": result.reason}
+        out.file.write(json.dumps(json_safe(rec), indent=1) + "\n")
+        return
+    wl = result.workload or {}
+    hw = result.hardware or {}
+    out.print(f"{p}: {wl.get('env', '?')} x {wl.get('num_envs', '?')} envs, {result.num_steps} steps/collect, "
+              f"on {hw.get('cpu_model', '?')} ({hw.get('cores', '?')} cores"
+              + (f", {', '.join(hw['gpus'])}" if hw.get("gpus") else "") + ")", markup=False, soft_wrap=True)
+    print_result(out, result)
+
+
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script ``auturi``. Usage errors (a bad option value, a missing argument)
+    are one line on stderr and exit 2, like every other input error."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="auturi", standalone_mode=False)
+    except Exception as e:
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+            raise
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())
+            sys.exit(EXIT_USAGE)
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        stderr().print(f"auturi: error: {one_line(e.format_message())}{where}", markup=False, soft_wrap=True)
+        sys.exit(e.exit_code if isinstance(e.exit_code, int) and e.exit_code else EXIT_USAGE)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,338 @@
+"""``auturi.tune(env, ...)``: what ``auturi tune ENV`` does, from Python.
+
+It probes the env's spaces, builds a policy for them (or takes yours), measures layouts on an
+executor with the offline :class:`~auturi.tuner.Tuner`, and returns a :class:`TuneReport` (a
+:class:`~auturi.tuner.TuneResult`) whose ``config`` goes straight into
+``auturi.wrap(model, config=result.config)``. The command line is built on it.
+
+It also says why the choice wins: every collect's :class:`~auturi.CollectStats` is kept by
+config, so each finalist's time splits into env stepping, inference, waiting and the rest
+(IPC and bookkeeping), and the serial config's stats give this machine's limit for the
+workload (cores times the single-env step rate, capped by the best batched inference
+throughput the profile saw).
+
+Example:
+    >>> import auturi, gymnasium as gym
+    >>> from auturi.envs import CountingEnv
+    >>> result = auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=4, num_steps=8,
+    ...                      budget_trials=2, backend="serial", cache=False)
+    >>> isinstance(result.config, auturi.Config), result.config.num_envs
+    (True, 4)
+    >>> sorted(result.split(result.config))
+    ['env', 'inference', 'ipc', 'waiting']
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from auturi.config import Config
+from auturi.tuner.offline import Tuner
+from auturi.tuner.result import Callback, TuneResult
+
+__all__ = ["TuneReport", "builtin_policy", "machine_limit", "probe_spaces", "time_split", "trial_bound", "tune"]
+
+SPLIT_PARTS = ("env", "inference", "waiting", "ipc")
+"""The parts of a collect's time (see :func:`time_split`)."""
+
+
+# ---------------------------------------------------------------------------- env and policy
+def probe_spaces(env: Any) -> tuple[Any, Any]:
+    """Observation and action space of one env of ``env`` (an id, a factory or a list of
+    them; made and closed here). Raises ``ValueError``/``TypeError`` naming the problem."""
+    import gymnasium as gym
+
+    from auturi.envs import resolve_env_fns
+
+    fn = resolve_env_fns(env, 1)[0]
+    try:
+        e = fn()
+    except Exception as exc:  # noqa: BLE001 - the user's factory: say what it raised, in one line
+        raise ValueError(f"making the env failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        if not isinstance(e, gym.Env):
+            raise TypeError(f"the env factory returned a {type(e).__name__}, not a gymnasium.Env")
+        return e.observation_space, e.action_space
+    finally:
+        try:
+            e.close()
+        except Exception:  # noqa: BLE001, S110 - closing a probe env must not hide its spaces
+            pass
+
+
+def builtin_policy(kind: str, obs_space: Any, action_space: Any, *, option: str = "policy=",
+                   other: str = "a Policy object") -> tuple[Any, str]:
+    """A built-in torch policy for the spaces: ``auto`` (``cnn`` for channels-first 84x84
+    frames with discrete actions, else ``mlp``), ``mlp`` (64x64) or ``cnn`` (Nature CNN).
+    Returns it and a description; raises ``ValueError`` naming the fix for spaces it cannot
+    serve (``option`` and ``other`` word it for the caller: the CLI says ``--policy``).
+
+    >>> import gymnasium as gym
+    >>> builtin_policy("cnn", gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    Traceback (most recent call last):
+    ...
+    ValueError: policy=cnn needs channels-first 84x84 frames (C, 84, 84); this env gives (4,): use policy=mlp
+    """
+    import gymnasium as gym
+    import numpy as np
+
+    kind = kind.strip().lower()
+    if kind not in ("auto", "mlp", "cnn"):
+        raise ValueError(f"{option}{kind!r}: use mlp, cnn, auto or {other}")
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise ValueError(f"the built-in policies support Discrete and Box action spaces, not {action_space}; "
+                         f"pass {other}")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(f"the built-in policies need a Box observation space, not {type(obs_space).__name__}; "
+                         f"pass {other}")
+    image = len(obs_space.shape) == 3 and obs_space.shape[1:] == (84, 84)
+    if kind == "auto":
+        kind = "cnn" if image and isinstance(action_space, gym.spaces.Discrete) else "mlp"
+    if kind == "cnn" and not image:
+        raise ValueError(f"{option}cnn needs channels-first 84x84 frames (C, 84, 84); this env gives "
+                         f"{obs_space.shape}: use {option}mlp")
+    if kind == "cnn" and not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(f"{option}cnn needs a Discrete action space; use {option}mlp")
+    from auturi.nets import MLPActorCritic, NatureCNNActorCritic  # imports torch: after the checks
+    from auturi.policy import TorchPolicy
+
+    if kind == "cnn":
+        fn = functools.partial(NatureCNNActorCritic, int(obs_space.shape[0]), int(action_space.n))
+        return TorchPolicy(fn, action_space), "cnn (Nature CNN)"
+    obs_dim = int(np.prod(obs_space.shape))
+    if isinstance(action_space, gym.spaces.Discrete):
+        fn = functools.partial(MLPActorCritic, obs_dim, int(action_space.n))
+    else:
+        fn = functools.partial(MLPActorCritic, obs_dim, int(np.prod(action_space.shape)), continuous=True)
+    return TorchPolicy(fn, action_space), "mlp (64x64)"
+
+
+# ---------------------------------------------------------------------------- why a layout wins
+class _StatsRecorder:
+    """The executor as the tuner sees it, keeping every collect's ``CollectStats`` under the
+    config it ran in. Everything else goes to the executor itself; the tuner only calls the
+    executor contract, so this changes nothing it measures."""
+
+    def __init__(self, executor: Any):
+        self._executor = executor
+        self.stats: dict[Config, list[Any]] = {}
+
+    def collect(self, num_steps: int) -> Any:
+        rollout = self._executor.collect(num_steps)
+        stats = getattr(rollout, "stats", None)
+        if stats is not None:
+            self.stats.setdefault(self._executor.config, []).append(stats)
+        return rollout
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._executor, name)
+
+
+def time_split(stats: list[Any], num_actors: int) -> dict[str, float]:
+    """Where a config's collect time goes, as shares summing to 1: ``env`` (stepping envs),
+    ``inference``, ``waiting`` (an actor blocked on a worker) and ``ipc`` (the rest of the
+    actors' wall time: hand-offs between processes and bookkeeping). The stats sum each part
+    over actors, so the parts are shares of the actors' summed time; with env workers running
+    in parallel the busy parts can exceed it, and ``ipc`` is then 0.
+
+    >>> from auturi import CollectStats
+    >>> time_split([CollectStats(steps=10, seconds=1.0, env_seconds=0.5, policy_seconds=0.3)], 1)
+    {'env': 0.5, 'inference': 0.3, 'waiting': 0.0, 'ipc': 0.2}
+    """
+    env = sum(s.env_seconds for s in stats)
+    inference = sum(s.policy_seconds for s in stats)
+    waiting = sum(s.wait_seconds for s in stats)
+    wall = sum(s.seconds for s in stats) * max(1, num_actors)
+    ipc = max(0.0, wall - env - inference - waiting)
+    total = max(wall, env + inference + waiting)
+    if total <= 0:
+        return {k: 0.0 for k in SPLIT_PARTS}
+    return {k: round(v / total, 4) for k, v in zip(SPLIT_PARTS, (env, inference, waiting, ipc))}
+
+
+def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This machine's estimated ceiling for the workload, in steps/s: ``cores`` times the
+    single-env step rate (from the serial config's collects, where envs step in the caller
+    with no IPC), capped by the best batched inference throughput (the model strategy's
+    profile when there is one, else the serial config's batch of all envs).
+
+    >>> from auturi import CollectStats
+    >>> machine_limit([CollectStats(steps=100, seconds=0.1, env_seconds=0.05, policy_seconds=0.02)], cores=2)
+    {'steps_per_second': 4000.0, 'env_steps_per_second': 4000.0, 'inference_steps_per_second': 5000.0, 'cores': 2, 'bound': 'env'}
+    """
+    steps = sum(s.steps for s in serial_stats)
+    env_s = sum(s.env_seconds for s in serial_stats)
+    pol_s = sum(s.policy_seconds for s in serial_stats)
+    env_rate = cores * steps / env_s if env_s > 0 else math.inf
+    inference = steps / pol_s if pol_s > 0 else math.inf
+    for table in ((profile or {}).get("policy_seconds") or {}).values():
+        rates = [int(b) / float(t) for b, t in table.items() if float(t) > 0]
+        if rates:
+            inference = max(rates) if not math.isfinite(inference) else max(inference, max(rates))
+    limit = min(env_rate, inference)
+
+    def num(x: float) -> float | None:
+        return round(x, 1) if math.isfinite(x) else None
+
+    return {"steps_per_second": num(limit), "env_steps_per_second": num(env_rate),
+            "inference_steps_per_second": num(inference), "cores": cores,
+            "bound": "env" if env_rate <= inference else "inference"}
+
+
+@dataclass
+class TuneReport(TuneResult):
+    """A :class:`~auturi.tuner.TuneResult` that also says why the choice wins.
+
+    ``splits``: for each finalist (the configs re-measured after the search, else every
+    measured config), its label and :func:`time_split`; ``limit``: :func:`machine_limit`.
+    Both are in the JSON record under ``"explain"``."""
+
+    splits: list[dict[str, Any]] = field(default_factory=list)
+    limit: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> Config:
+        """The choice, ready for ``auturi.wrap(model, config=result.config)``."""
+        return self.choice
+
+    def split(self, config: Config) -> dict[str, float] | None:
+        """:func:`time_split` of ``config`` when it was measured, else None."""
+        for s in self.splits:
+            if s["config"] == config.to_dict():
+                return s["split"]
+        return None
+
+    def limit_share(self) -> float | None:
+        """The choice's throughput over :attr:`limit` (0.78: 78% of what this machine can
+        step for this workload), or None when either is unknown."""
+        top = self.limit.get("steps_per_second")
+        return self.throughput / top if top and math.isfinite(self.throughput) else None
+
+    def to_record(self) -> dict[str, Any]:
+        rec = super().to_record()
+        rec["explain"] = {"splits": self.splits, "limit": self.limit, "limit_share": self.limit_share()}
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> TuneReport:
+        base = TuneResult.from_record(rec)
+        explain = rec.get("explain") or {}
+        return cls(**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                   splits=list(explain.get("splits") or []), limit=dict(explain.get("limit") or {}))
+
+
+def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
+    finalists = list(dict.fromkeys(t.config for t in result.final)) or \
+        list(dict.fromkeys(t.config for t in result.trials))
+    splits = [{"config": c.to_dict(), "label": str(c), "split": time_split(recorder.stats[c], c.num_actors)}
+              for c in finalists if recorder.stats.get(c)]
+    serial = Config.serial(result.start.num_envs)
+    cores = int((result.hardware or {}).get("cores") or os.cpu_count() or 1)
+    profile = (result.strategy or {}).get("profile")
+    limit = machine_limit(recorder.stats.get(serial, []), cores, profile if isinstance(profile, dict) else None)
+    return TuneReport(**{f: getattr(result, f) for f in result.__dataclass_fields__}, splits=splits, limit=limit)
+
+
+# ---------------------------------------------------------------------------- tune
+@dataclass
+class _Budget:
+    trials: int | None
+    seconds: float | None
+
+
+def _check_budget(num_envs: int, num_steps: int, budget_trials: int | None, budget_seconds: float | None,
+                  max_trial_seconds: float) -> _Budget:
+    """The arguments' rules, checked before any heavy import; ``ValueError`` names the fix."""
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
+    if budget_trials is not None and (not isinstance(budget_trials, int) or budget_trials < 1):
+        raise ValueError(f"budget_trials must be an integer >= 1, got {budget_trials!r} (None: the strategy's "
+                         f"own stop)")
+    if budget_seconds is not None and not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0
+                                           and math.isfinite(budget_seconds)):
+        raise ValueError(f"budget_seconds must be a number of seconds > 0, got {budget_seconds!r}")
+    if not (max_trial_seconds > 0 and math.isfinite(max_trial_seconds)):
+        raise ValueError(f"max_trial_seconds must be > 0, got {max_trial_seconds:g}")
+    if budget_trials is None and budget_seconds is None:
+        budget_seconds = DEFAULT_BUDGET_SECONDS
+    return _Budget(budget_trials, None if budget_seconds is None else float(budget_seconds))
+
+
+DEFAULT_BUDGET_SECONDS = 15.0
+"""The budget when neither ``budget_trials`` nor ``budget_seconds`` is given."""
+
+
+def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 64,
+         budget_seconds: float | None = None, budget_trials: int | None = None, strategy: str = "model",
+         backend: str = "shm", start: Config | None = None, devices: list[str] | None = None, seed: int = 0,
+         cache: bool = True, max_trial_seconds: float = 4.0, top_k: int = 2,
+         final_rounds: tuple[int, int] = (1, 2), callback: Callback | None = None,
+         on_start: Callable[[Tuner, Any], None] | None = None, **executor_kwargs: Any) -> TuneReport:
+    """Measure collection layouts for ``env`` on this machine and return the fastest.
+
+    Args:
+        env: a gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``, ``"my_pkg:MyEnv-v0"``), an
+            EnvPool id (``"envpool:Pong-v5"``), a factory returning a ``gymnasium.Env``, or a
+            list of factories.
+        policy: ``"auto"``, ``"mlp"``, ``"cnn"`` (see :func:`builtin_policy`) or a
+            :class:`~auturi.Policy` (e.g. your model's, as ``auturi.wrap`` would run it).
+        num_envs: total envs (kept fixed: it changes the algorithm).
+        num_steps: steps per env per collect (your training's rollout length).
+        budget_seconds: wall seconds for the whole tuning (default 15 when no budget is given).
+        budget_trials: most configs measured in the search, baselines included.
+        strategy: ``"model"`` (profile, predict, measure the promising), ``"grid"``, ``"optuna"``.
+        backend: ``"shm"``, ``"serial"`` or ``"ray"`` (``address=`` picks the cluster).
+        start: your current layout, measured as a baseline (default: serial).
+        devices: policy devices to consider (default: cpu, plus cuda when present).
+        cache: start from, and store into, the results cache.
+        callback: called with every :class:`~auturi.tuner.TunerEvent` (progress).
+        on_start: called with the tuner and the executor just before the first measurement.
+        executor_kwargs: passed to :func:`auturi.make_executor` (``worker_timeout=``, ``address=``).
+
+    Returns:
+        a :class:`TuneReport`: ``result.config`` is the choice, ``result.splits`` and
+        ``result.limit`` say why it wins; the executor is closed.
+    """
+    budget = _check_budget(num_envs, num_steps, budget_trials, budget_seconds, max_trial_seconds)
+    from auturi.executor import BACKENDS, make_executor
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    built_in = isinstance(policy, str)
+    forks = backend == "shm" and os.environ.get("AUTURI_START_METHOD", "forkserver") == "forkserver"
+    if forks:
+        # The workers' forkservers import gymnasium (and torch) on another core while this
+        # process probes the env and builds the policy (start-up, not tuning).
+        from auturi.executor.shm.forkservers import start_servers, wait_ready
+
+        start_servers(torch=built_in)
+    if built_in:
+        policy, _ = builtin_policy(policy, *probe_spaces(env))
+    tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
+                  max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
+                  cache=None if cache else False, callback=callback, seed=seed)
+    with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
+        if forks:  # no forkserver import may share the cores with the first measurement
+            wait_ready(torch=built_in)
+        if on_start is not None:
+            on_start(tuner, ex)
+        recorder = _StatsRecorder(ex)
+        result = tuner.tune(recorder, num_steps)
+    return _explain(result, recorder)
+
+
+def trial_bound(status: dict[str, Any]) -> int | None:
+    """The most trials this run can measure, from a :meth:`Tuner.status` snapshot: the trial
+    budget, capped by the space's configs (None when neither is known yet).
+
+    >>> trial_bound({"budget_trials": 10, "space": {"configs": 6}})
+    6
+    """
+    caps = [c for c in (status.get("budget_trials"), (status.get("space") or {}).get("configs")) if c]
+    return min(caps) if caps else None
