@@ -393,3 +393,33 @@ def test_model_weighs_gpu_against_cpu_inference(monkeypatch):
     assert truth(result.choice) >= 0.95 * best_true(space, truth)
     assert {t.config.policy_device for t in result.trials} == {"cpu", "cuda"}  # both were tried
     assert len(result.trials) <= 0.1 * len(space)
+
+
+def test_propose_close_ranks_the_close_configs_by_the_callers_key():
+    """Online, among the configs the prediction cannot separate from the best, the caller's
+    key decides (e.g. what a trial pays back); configs predicted far below stay out."""
+    from auturi.tuner.measure import Trial
+
+    space = build_space(8, cores=CORES, devices=["cpu"])
+    prof = Profile(env_step_seconds=4e-4, policy_seconds={"cpu": {1: 1.5e-4, 8: 1.8e-4}}, cores=CORES)
+    serial = Config.serial(8)
+    t = Trial(config=serial, source="start")
+    t.samples = [predict(serial, prof)] * 3
+    t.status = "ok"
+
+    def fresh():
+        m = ModelStrategy(profile=prof)
+        m.prepare(space)
+        return m
+
+    plain = fresh().propose_close([t])
+    m = fresh()
+    m._refresh({serial: t.samples[0]})
+    floor = t.samples[0] * math.exp(-min(m.model_error, 0.25))
+    close = [c for c in space.configs if c != serial and m.predicted(c) >= floor]
+    assert len(close) > 1
+    fewest = fresh().propose_close([t], key=lambda c, p: -(c.num_actors * c.env_parallel_degree))
+    assert fewest in close
+    assert fewest.num_actors * fewest.env_parallel_degree == min(c.num_actors * c.env_parallel_degree for c in close)
+    assert plain == max(close, key=m.predicted)
+    assert fresh().propose_close([t], key=lambda c, p: -p) in close  # never one below the floor

@@ -247,7 +247,9 @@ class OnlineTuner(_Session):
         close = getattr(self.strategy, "propose_close", None)
         if close is None:
             return super()._next_proposal()
-        return close(self.history)
+        if self.remaining_collects is None:
+            return close(self.history)
+        return close(self.history, key=self._net_payback)  # cheap-to-start configs win close calls
 
     # -- the search, trial by trial
     def _over_share(self) -> bool:
@@ -368,34 +370,52 @@ class OnlineTuner(_Session):
             return statistics.median(whole)
         return RECONFIGURE_BASE + started * PROCESS_START_PRIOR
 
-    def _pays_back(self, config: Config) -> bool:
-        """Whether trying ``config`` is expected to pay for itself before the training ends
-        (always True when the caller did not say how many collects remain).
+    def _payback(self, config: Config, pred: float | None = None) -> tuple[float, float] | None:
+        """``(benefit, cost)`` in seconds of trying ``config``, or None when it cannot be told
+        (the caller did not say how many collects remain, or nothing is measured yet).
 
         Benefit: the collects left after the trial, each faster by the fraction the model's
         prediction promises over the best measured config, counted at half (the prediction
         may be wrong; its optimistic bound, which the search itself uses, would make a short
-        run pay for trials a long one can afford). Cost: reconfiguring
-        there and back, and the trial's warm-up and first sample at up to half speed (a
-        slower trial stops after its first sample)."""
+        run pay for trials a long one can afford). Cost: reconfiguring there and back, and
+        the trial's warm-up and first sample at up to half speed (a slower trial stops after
+        its first sample)."""
         left = self.remaining_collects
         best = self.best()
-        pred = self.strategy.predicted(config) if self._prepared else None
+        if pred is None and self._prepared:
+            pred = self.strategy.predicted(config)
         if left is None or best is None or not best.estimate or not pred or not math.isfinite(pred):
-            return True
+            return None
         collect_s = self._num_steps * self.executor.num_envs / best.estimate
         trial_collects = self.protocol.warmup_collects + self.protocol.min_samples
         gain = max(0.0, 1.0 - best.estimate / pred)
         benefit = 0.5 * gain * collect_s * max(0, left - trial_collects)
         cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
-        if benefit > cost:
+        return benefit, cost
+
+    def _net_payback(self, config: Config, pred: float) -> float:
+        """How the online search ranks the configs it may try: benefit minus cost (see
+        :meth:`_payback`), or the prediction itself when that cannot be told."""
+        bc = self._payback(config, pred)
+        return pred if bc is None else bc[0] - bc[1]
+
+    def _pays_back(self, config: Config) -> bool:
+        """Whether trying ``config`` is expected to pay for itself before the training ends
+        (:meth:`_payback`; always True when the caller did not say how many collects remain).
+        A config that does not is recorded in ``declined``."""
+        bc = self._payback(config)
+        if bc is None or bc[0] > bc[1]:
             return True
-        self.declined.append({"config": config.to_dict(), "at_collect": self.collects, "collects_left": left,
-                              "predicted": pred, "best": best.estimate, "benefit_seconds": benefit,
-                              "cost_seconds": cost})
+        benefit, cost = bc
+        best = self.best()
+        assert best is not None
+        pred = self.strategy.predicted(config)
+        self.declined.append({"config": config.to_dict(), "at_collect": self.collects,
+                              "collects_left": self.remaining_collects, "predicted": pred, "best": best.estimate,
+                              "benefit_seconds": benefit, "cost_seconds": cost})
         self._emit("phase", None, None,
-                   f"not trying {config}: {left} collects left, its predicted gain ({gain:.0%}) would "
-                   f"save ~{benefit:.2f} s against ~{cost:.2f} s to try it")
+                   f"not trying {config}: {self.remaining_collects} collects left; it would save ~{benefit:.2f} s "
+                   f"against ~{cost:.2f} s to try it")
         return False
 
     def _lock(self, best: Trial | None = None) -> None:

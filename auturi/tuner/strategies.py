@@ -30,7 +30,7 @@ import contextlib
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from auturi.config import Config
@@ -425,20 +425,26 @@ class ModelStrategy(Strategy):
                     return self._take(max(near, key=lambda c: self._pred[c]))
         return None
 
-    def propose_close(self, history: Sequence[Trial], max_gap: float = 0.25) -> Config | None:
-        """The online search's rule (each trial there costs training time): the untried config
-        with the best corrected prediction, while it is within the model's error of the best
-        measured config (``prediction >= best * exp(-min(model_error, max_gap))``: the
-        prediction cannot separate it from the best); None once none is, or at ``max_trials``.
-        A config predicted far slower than the best measured one is never proposed."""
+    def propose_close(self, history: Sequence[Trial], max_gap: float = 0.25,
+                      key: Callable[[Config, float], float] | None = None) -> Config | None:
+        """The online search's rule (each trial there costs training time): among the untried
+        configs within the model's error of the best measured one (``prediction >= best *
+        exp(-min(model_error, max_gap))``: the prediction cannot separate them from the best),
+        the one with the best corrected prediction, or the highest ``key(config, prediction)``
+        (the online tuner ranks by what a trial would pay back, which counts what starting
+        its processes costs); None once none is left, or at ``max_trials``. A config predicted
+        far slower than the best measured one is never proposed."""
         opened = self._open(history)
         if opened is None:
             return None
         measured, _, untried = opened
-        top = max(untried, key=lambda c: self._pred[c])
-        if measured and self._pred[top] < max(measured.values()) * math.exp(-min(self.model_error, max_gap)):
-            return None
-        return self._take(top)
+        if measured:
+            floor = max(measured.values()) * math.exp(-min(self.model_error, max_gap))
+            untried = [c for c in untried if self._pred[c] >= floor]
+            if not untried:
+                return None
+        rank = (lambda c: key(c, self._pred[c])) if key is not None else (lambda c: self._pred[c])
+        return self._take(max(untried, key=rank))
 
     def _take(self, c: Config) -> Config:
         self._proposed.append(c)
