@@ -6,10 +6,23 @@ It also makes the forkserver's children start with SIGINT ignored: the forkserve
 child the SIGINT handler it had before its own (which ignores SIGINT), and Ctrl-C reaches
 the whole process group, so a child still unpickling its arguments printed a
 KeyboardInterrupt traceback before ``worker_main`` could ignore SIGINT itself. The caller
-handles Ctrl-C and ends its workers."""
+handles Ctrl-C and ends its workers.
+
+And it shows each distinct warning once across all the workers it forks, not once per
+worker: ``auturi tune HalfCheetah-v4`` printed MuJoCo's deprecation warning 50 times, once per
+worker start. The forkserver maps an anonymous shared page and a lock before forking; every
+child inherits both (no name in /dev/shm, gone with the last process) and records there a
+hash of each warning it shows (category and text), skipping those another worker showed.
+The caller's own warnings, and those of the second (torch) forkserver's children, are
+counted apart: a warning shows at most once from each."""
+import hashlib
+import mmap
+import multiprocessing
 import os
 import signal
+import struct
 import sys
+import warnings
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
@@ -30,5 +43,37 @@ def _in_forkserver() -> bool:
     return False
 
 
+_SLOT = 8  # bytes per warning hash; slot 0 holds the count
+_SLOTS = mmap.PAGESIZE // _SLOT - 1
+
+
+class _SharedWarnings:
+    """The table of warnings shown by any child of this forkserver (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.page = mmap.mmap(-1, mmap.PAGESIZE)  # MAP_SHARED | MAP_ANONYMOUS: shared with forked children
+        # a fork-context lock is unlinked at once: nothing of it is left in /dev/shm
+        self.lock = multiprocessing.get_context("fork").Lock()
+        self.show = warnings.showwarning
+
+    def first_time(self, message: object, category: type) -> bool:
+        """Whether no child has shown this warning yet; records it. A full table shows all."""
+        key = hashlib.blake2b(f"{category.__name__}: {message}".encode(), digest_size=_SLOT).digest()
+        with self.lock:
+            (count,) = struct.unpack_from("q", self.page, 0)
+            seen = self.page[_SLOT:_SLOT * (count + 1)]
+            if any(seen[i:i + _SLOT] == key for i in range(0, len(seen), _SLOT)):
+                return False
+            if count < _SLOTS:
+                self.page[_SLOT * (count + 1):_SLOT * (count + 2)] = key
+                struct.pack_into("q", self.page, 0, count + 1)
+            return True
+
+    def showwarning(self, message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - stdlib's
+        if self.first_time(message, category):
+            self.show(message, category, filename, lineno, file, line)
+
+
 if _in_forkserver():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.showwarning = _SharedWarnings().showwarning
