@@ -412,7 +412,7 @@ def test_learning_parity_cartpole():
     assert 1 / 3 < w / s < 3, (stock, wrapped)
 
 
-@pytest.mark.parametrize("case", ["old_stack", "multi_agent", "dqn", "connector", "frozen"])
+@pytest.mark.parametrize("case", ["old_stack", "multi_agent", "marwil", "connector", "frozen"])
 def test_unsupported_configs_raise_clear_errors(case):
     from auturi.adapters.rllib import UnsupportedConfigError
 
@@ -424,11 +424,11 @@ def test_unsupported_configs_raise_clear_errors(case):
     elif case == "multi_agent":
         cfg.multi_agent(policies={"a", "b"}, policy_mapping_fn=lambda aid, *a, **k: "a")
         match = "multi-agent"
-    elif case == "dqn":
-        from ray.rllib.algorithms.dqn import DQNConfig
+    elif case == "marwil":  # an algorithm outside the supported ones
+        from ray.rllib.algorithms.marwil import MARWILConfig
 
-        cfg = DQNConfig().environment("CartPole-v1")
-        match = "PPO"
+        cfg = MARWILConfig().environment("CartPole-v1")
+        match = "PPO, APPO, IMPALA, DQN, SAC"
     elif case == "connector":
         from ray.rllib.connectors.env_to_module import FlattenObservations
 

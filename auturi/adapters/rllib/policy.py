@@ -11,9 +11,11 @@ import numpy as np
 from auturi.adapters.rllib.base import UnsupportedConfigError
 from auturi.sampling import categorical_from_uniform, normal_from_uniform
 
-__all__ = ["EXTRAS", "RLModulePolicy", "distribution_kind", "module_state"]
+__all__ = ["EPSILON_KEY", "KINDS", "RLModulePolicy", "exploration_kind", "module_state"]
 
-EXTRAS = ("action_logp", "action_dist_inputs")  # Columns.ACTION_LOGP, Columns.ACTION_DIST_INPUTS
+KINDS = ("categorical", "gaussian", "squashed_gaussian", "epsilon_greedy")
+EPSILON_KEY = "__auturi__.epsilon"
+"""The key under which DQN's current epsilon travels with the published weights."""
 
 
 class RLModulePolicy:
@@ -23,13 +25,29 @@ class RLModulePolicy:
     and load the weights the executor publishes (the module's ``state_dict`` as numpy).
     In the EnvRunner's own process the runner's module is used directly (``module=``).
 
-    ``act`` runs ``forward_exploration`` under ``no_grad`` and builds the module's exploration
-    action distribution from ``action_dist_inputs``, then draws the action from the executor's
-    noise: inverse CDF for ``TorchCategorical``, ``loc + scale * ndtri(u)`` for
-    ``TorchDiagGaussian``. ``action_logp`` is the distribution's ``logp`` of that action, as
-    RLlib's ``GetActions`` connector computes it. Box actions go to the env unsquashed
-    (``normalize_actions``) or clipped (``clip_actions``) as ``NormalizeAndClipActions`` does;
-    the raw ones come back in the extra ``raw_actions`` (what the episode stores).
+    Every action is drawn from the executor's per-env, per-step uniforms, so the data never
+    depend on the layout. ``kind`` (see :func:`exploration_kind`) says how, as the module's
+    own exploration would draw it:
+
+    - ``categorical`` / ``gaussian`` / ``squashed_gaussian`` (PPO, APPO, IMPALA, SAC): the
+      exploration distribution built from ``forward_exploration``'s ``action_dist_inputs``;
+      inverse CDF for ``TorchCategorical``, ``loc + scale * ndtri(u)`` for ``TorchDiagGaussian``,
+      then ``tanh`` into ``[-1, 1]`` for ``TorchSquashedGaussian``. ``action_logp`` is the
+      distribution's ``logp`` of that action and ``action_dist_inputs`` are kept, as RLlib's
+      ``GetActions`` connector leaves them;
+    - ``epsilon_greedy`` (DQN): the greedy action of ``forward_inference``, replaced by a
+      uniform random action where ``u[0] < epsilon`` (``u[1]`` picks it). ``epsilon`` is the
+      runner's: it reaches the replicas with the weights (:data:`EPSILON_KEY`) before each
+      collect. No extras, as DQN's module outputs none.
+
+    Box actions go to the env unsquashed (``normalize_actions``) or clipped (``clip_actions``)
+    as ``NormalizeAndClipActions`` does; the raw ones come back in the extra ``raw_actions``
+    (what the episode stores).
+
+    >>> import gymnasium as gym
+    >>> p = RLModulePolicy(b"", gym.spaces.Discrete(3), "epsilon_greedy")
+    >>> p.noise_dim, p.epsilon
+    (2, 1.0)
     """
 
     # Imported once in the forkserver replicas fork from: rebuilding the module imports
@@ -39,15 +57,15 @@ class RLModulePolicy:
     def __init__(self, spec_blob: bytes, action_space: gym.Space, distribution: str, *,
                  normalize_actions: bool = True, clip_actions: bool = False, device: str = "cpu",
                  module: Any = None):
-        if distribution not in ("categorical", "gaussian"):
-            raise UnsupportedConfigError(f"auturi.wrap supports Categorical and DiagGaussian action distributions, "
-                                         f"not {distribution}")
+        if distribution not in KINDS:
+            raise UnsupportedConfigError(f"auturi.wrap samples actions as one of {KINDS}, not {distribution}")
         self._spec_blob = spec_blob
         self.action_space = action_space
         self.kind = distribution
         self.normalize_actions, self.clip_actions = bool(normalize_actions), bool(clip_actions)
         self.device = device
-        self.noise_dim = 1 if distribution == "categorical" else int(np.prod(action_space.shape))
+        self.noise_dim = {"categorical": 1, "epsilon_greedy": 2}.get(distribution, int(np.prod(action_space.shape)))
+        self.epsilon = 1.0  # epsilon_greedy only: set by the runner before each collect
         self._module = module
         self._dist_cls = None
 
@@ -77,37 +95,62 @@ class RLModulePolicy:
         self.module.to(torch.device(device))
 
     def get_state(self) -> dict[str, np.ndarray]:
-        return module_state(self.module)
+        """The module's weights, plus :data:`EPSILON_KEY` for ``epsilon_greedy``."""
+        state = module_state(self.module)
+        if self.kind == "epsilon_greedy":
+            state[EPSILON_KEY] = np.asarray(self.epsilon, np.float64)
+        return state
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         import torch
 
-        self.module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+        weights = dict(state)
+        if EPSILON_KEY in weights:
+            self.epsilon = float(np.asarray(weights.pop(EPSILON_KEY)))
+        self.module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
 
     def act(self, obs: np.ndarray, noise: np.ndarray):
         import torch
 
-        module = self.module
-        if self._dist_cls is None:
-            self._dist_cls = module.get_exploration_action_dist_cls()
         dev = torch.device(self.device)
         with torch.no_grad():
-            out = module.forward_exploration({"obs": torch.as_tensor(obs, device=dev)})
-            inputs = out["action_dist_inputs"]
-            dist = self._dist_cls.from_logits(inputs)
+            batch = {"obs": torch.as_tensor(obs, device=dev)}
             u = torch.as_tensor(np.ascontiguousarray(noise), device=dev)
-            if self.kind == "categorical":
-                a = categorical_from_uniform(dist._dist.probs, u[:, 0])
-            else:
-                a = normal_from_uniform(dist._dist.loc, dist._dist.scale, u)
-            logp = dist.logp(a)
-        extras = {"action_logp": logp.float().cpu().numpy(), "action_dist_inputs": inputs.float().cpu().numpy()}
+            if self.kind == "epsilon_greedy":
+                return self._epsilon_greedy(batch, u), {}
+            a, extras = self._from_distribution(batch, u)
         actions = a.cpu().numpy()
         if self.kind == "categorical":
             return actions, extras
         actions = actions.reshape((-1, *self.action_space.shape)).astype(np.float32, copy=False)
         extras["raw_actions"] = actions
         return self._for_env(actions), extras
+
+    def _from_distribution(self, batch: dict, u: Any) -> tuple[Any, dict[str, np.ndarray]]:
+        module = self.module
+        if self._dist_cls is None:
+            self._dist_cls = module.get_exploration_action_dist_cls()
+        inputs = module.forward_exploration(batch)["action_dist_inputs"]
+        dist = self._dist_cls.from_logits(inputs)
+        if self.kind == "categorical":
+            a = categorical_from_uniform(dist._dist.probs, u[:, 0])
+        else:
+            a = normal_from_uniform(dist._dist.loc, dist._dist.scale, u)
+            if self.kind == "squashed_gaussian":
+                a = dist._squash(a)  # tanh into [low, high] (RLlib's default [-1, 1]), as its sample()
+        return a, {"action_logp": dist.logp(a).float().cpu().numpy(),
+                   "action_dist_inputs": inputs.float().cpu().numpy()}
+
+    def _epsilon_greedy(self, batch: dict, u: Any) -> np.ndarray:
+        """DQN's ``_forward_exploration`` with the executor's uniforms for its two ``torch`` draws
+        (``rand() < epsilon``, then a uniform action). RLlib draws the random action among the
+        actions whose Q-value is neither 0 nor -inf (an action mask); here among all ``n``."""
+        import torch
+
+        greedy = self.module.forward_inference(batch)["actions"].reshape(-1)
+        n = int(self.action_space.n)
+        random = torch.floor(u[:, 1].double() * n).long().clamp_(max=n - 1)
+        return torch.where(u[:, 0].double() < self.epsilon, random, greedy.long()).cpu().numpy()
 
     def _for_env(self, actions: np.ndarray) -> np.ndarray:
         s = self.action_space
@@ -122,12 +165,22 @@ def module_state(module: Any) -> dict[str, np.ndarray]:
     """A torch module's ``state_dict`` as numpy arrays (copies)."""
     return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
 
-def distribution_kind(module: Any) -> str:
+
+
+def exploration_kind(module: Any) -> str:
+    """How :class:`RLModulePolicy` draws actions for ``module``: ``epsilon_greedy`` for DQN's
+    RLModules, else from the exploration distribution (``categorical``, ``gaussian``,
+    ``squashed_gaussian``)."""
+    from ray.rllib.algorithms.dqn.default_dqn_rl_module import DefaultDQNRLModule
+
+    if isinstance(module, DefaultDQNRLModule):
+        return "epsilon_greedy"
     name = module.get_exploration_action_dist_cls().__name__
-    kinds = {"TorchCategorical": "categorical", "TorchDiagGaussian": "gaussian"}
+    kinds = {"TorchCategorical": "categorical", "TorchDiagGaussian": "gaussian",
+             "TorchSquashedGaussian": "squashed_gaussian"}
     if name not in kinds:
         raise UnsupportedConfigError(
             f"the RLModule's exploration distribution is {name}; auturi.wrap samples from the executor's noise and "
-            f"supports TorchCategorical (Discrete actions) and TorchDiagGaussian (Box actions) only")
+            f"supports TorchCategorical (Discrete actions), TorchDiagGaussian and TorchSquashedGaussian (Box "
+            f"actions) and DQN's epsilon-greedy only")
     return kinds[name]
-

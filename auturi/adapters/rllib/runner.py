@@ -17,7 +17,7 @@ import numpy as np
 from auturi.adapters.common import tuner_kwargs
 from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
 from auturi.adapters.rllib.envs import env_factory
-from auturi.adapters.rllib.policy import EXTRAS, RLModulePolicy, distribution_kind, module_state
+from auturi.adapters.rllib.policy import RLModulePolicy, exploration_kind
 from auturi.config import Config
 from auturi.errors import ConfigError
 
@@ -125,11 +125,24 @@ def runner_class() -> type:
                               "episodes", stacklevel=2)
             n = h.executor.num_envs
             steps = max(1, math.ceil(num_timesteps / n))
+            if h.adapter.kind == "epsilon_greedy":
+                self._auturi_update_epsilon(h.adapter)
             if self._auturi_dirty:
-                h.executor.set_policy_state(module_state(self.module))
+                h.executor.set_policy_state(h.adapter.get_state())
                 self._auturi_dirty = False
             rollout = h.collect(steps)
             return _detached(self._auturi_to_episodes(rollout))
+
+        def _auturi_update_epsilon(self, adapter: RLModulePolicy) -> None:
+            """DQN: the epsilon of the module's schedule at this runner's lifetime step count (the
+            ``t`` RLlib's runner passes ``forward_exploration``, num_env_runners being 0), held for
+            the whole collect; a new value goes to the replicas with the weights."""
+            schedule = self.module.epsilon_schedule
+            schedule.update(self.num_env_steps_sampled_lifetime)
+            eps = float(schedule.get_current_value())
+            if eps != adapter.epsilon:
+                adapter.epsilon = eps
+                self._auturi_dirty = True
 
         def _auturi_to_episodes(self, r: Any) -> list:
             """Time-major rollout -> done episodes + ongoing chunks, as ``_sample`` returns them."""
@@ -138,7 +151,7 @@ def runner_class() -> type:
 
             T, N = r.num_steps, r.num_envs
             actions = _as_tensor_to_numpy_gives(r.extras.get("raw_actions", r.actions))
-            logp, dist_inputs = (r.extras[k] for k in EXTRAS)
+            extras = {k: v for k, v in r.extras.items() if k != "raw_actions"}  # the module's outputs
             seq = self._weights_seq_no
             eps = self._auturi_episodes
             obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
@@ -164,8 +177,7 @@ def runner_class() -> type:
                         action=actions[t, i], reward=r.rewards[t, i],
                         infos=dict(r.final_infos.get((t, i), {})) if done else {},
                         terminated=term, truncated=trunc,
-                        extra_model_outputs={"action_logp": logp[t, i], "action_dist_inputs": dist_inputs[t, i],
-                                             WEIGHTS_SEQ_NO: seq})
+                        extra_model_outputs={**{k: v[t, i] for k, v in extras.items()}, WEIGHTS_SEQ_NO: seq})
                     self._make_on_episode_callback("on_episode_step", i, eps)
                     if done:
                         self._make_on_episode_callback("on_episode_end", i, eps)
@@ -262,7 +274,7 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
     act_space = runner.env.single_action_space
     if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise UnsupportedConfigError(f"auturi.wrap supports Discrete and Box action spaces, not {act_space}")
-    kind = distribution_kind(module)
+    kind = exploration_kind(module)
     spec = cfg.get_rl_module_spec(env=runner.env.unwrapped, spaces=runner.get_spaces(), inference_only=True)
     try:
         spec_blob = cloudpickle.dumps(spec)

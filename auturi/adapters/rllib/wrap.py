@@ -10,23 +10,47 @@ from auturi.adapters.rllib.runner import runner_class
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError
 
-__all__ = ["check_supported", "unwrap_rllib", "wrap_rllib"]
+__all__ = ["SUPPORTED", "check_algorithm", "check_supported", "unwrap_rllib", "wrap_rllib"]
+
+
+SUPPORTED = ("PPO", "APPO", "IMPALA", "DQN", "SAC")
+"""The RLlib algorithms ``auturi.wrap`` runs (their configs and subclasses of them): the
+single-agent new-stack algorithms whose EnvRunner samples timesteps with the module's own
+exploration (a distribution, or DQN's epsilon-greedy)."""
+
+
+def check_algorithm(cfg: Any) -> None:
+    """Refuse, with the fix, an algorithm outside :data:`SUPPORTED`, an offline one, and the
+    options of a supported one whose exploration the replicas cannot reproduce."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.algorithms.sac import SACConfig
+
+    name = type(cfg).__name__
+    if not isinstance(cfg, (PPOConfig, IMPALAConfig, DQNConfig, SACConfig)):
+        raise UnsupportedConfigError(
+            f"auturi.wrap supports RLlib {', '.join(SUPPORTED)} (their AlgorithmConfigs), not {name}: its EnvRunner "
+            f"may sample in a way the executor does not reproduce. Train {name} without auturi.wrap")
+    if cfg.input_ != "sampler":
+        raise UnsupportedConfigError(
+            f"{name} reads offline data (config.offline_data(input_={cfg.input_!r})); auturi.wrap speeds up online "
+            f"sampling only. Train it without auturi.wrap")
+    if isinstance(cfg, DQNConfig) and getattr(cfg, "noisy", False):
+        raise UnsupportedConfigError(
+            "DQN with noisy=True explores with noise drawn inside the network (NoisyNet), which the replicas cannot "
+            "draw from the executor's noise; use epsilon-greedy (noisy=False) with auturi.wrap")
 
 
 def check_supported(cfg: Any) -> None:
     from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-    from ray.rllib.algorithms.ppo import PPOConfig
 
     if not isinstance(cfg, AlgorithmConfig):
         raise TypeError(f"auturi.wrap expects an RLlib AlgorithmConfig (e.g. PPOConfig()), got {type(cfg).__name__}")
     if getattr(cfg, "_is_frozen", False):
         raise AuturiError("this AlgorithmConfig is frozen (already used to build an algorithm); call auturi.wrap on "
                           "the config before build_algo(), e.g. auturi.wrap(PPOConfig()...).build_algo()")
-    if not isinstance(cfg, PPOConfig):
-        raise UnsupportedConfigError(
-            f"auturi.wrap supports RLlib PPO (PPOConfig) for now, not {type(cfg).__name__}: other algorithms sample "
-            f"asynchronously or off-policy (replay buffers, n-step targets). Train {type(cfg).__name__} without "
-            f"auturi.wrap, or use PPO")
+    check_algorithm(cfg)
     if not (cfg.enable_rl_module_and_learner and cfg.enable_env_runner_and_connector_v2):
         raise UnsupportedConfigError(
             "auturi.wrap supports RLlib's new API stack only (RLModule, Learner, EnvRunner, ConnectorV2); this config "
@@ -72,7 +96,8 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
     batch and the rollout fragment stay the same).
 
     Args:
-        algo_config: an RLlib ``PPOConfig`` on the new API stack, single-agent, with an env.
+        algo_config: an RLlib ``PPOConfig``, ``APPOConfig``, ``IMPALAConfig``, ``DQNConfig`` or
+            ``SACConfig`` on the new API stack, single-agent, with an env.
         config: a fixed :class:`~auturi.Config` over the total envs; no tuning then.
         tune: without ``config``, tune the layout online with :class:`auturi.tuner.OnlineTuner`
             (each training iteration's collect is one measurement), starting from RLlib's own
