@@ -130,6 +130,39 @@ def test_every_note_word_is_explained(tuned, tmp_path):
         assert f"{word}: " in helptext, word
 
 
+def test_tune_says_why_the_choice_wins(tuned):
+    """Each finalist's time split (table and JSON) and the share of this machine's limit."""
+    proc, out, _, tmp = tuned
+    rec = json.loads(out.read_text())
+    explain = rec["explain"]
+    assert explain["splits"] and explain["limit"]["steps_per_second"] > 0
+    assert {"env", "inference", "waiting", "ipc"} == set(explain["splits"][0]["split"])
+    assert "Where each finalist's collect time goes" in proc.stdout
+    m = re.search(r"the choice reaches (\d+)% of what (\d+) cores can step|the choice reaches (\d+)% of what "
+                  r"inference allows", proc.stdout)
+    assert m, proc.stdout
+    assert int(m.group(1) or m.group(3)) == round(100 * explain["limit_share"])
+    shown = cli("show", str(out), tmp=tmp)
+    assert "the choice reaches" in shown.stdout and "Where each finalist" in shown.stdout
+
+
+def test_version(tmp_path):
+    from auturi import __version__
+
+    proc = cli("--version", tmp=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"auturi {__version__}"
+
+
+def test_without_typer_the_entry_point_names_the_install(tmp_path):
+    code = ("import sys; sys.modules['typer'] = None; sys.argv = ['auturi', '--help']; "
+            "from auturi.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=cli_env(tmp_path), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ('auturi: error: the command line needs typer, which is not installed: '
+                                   'pip install "auturi[cli]" (or pip install typer rich)')
+
+
 def test_the_record_reports_start_up_apart(tuned):
     _, out, _, _ = tuned
     st = json.loads(out.read_text())["startup"]

@@ -140,8 +140,11 @@ def splits_table(result: Any) -> Table | None:
     splits = getattr(result, "splits", None)
     if not splits:
         return None
+    from rich import box
+
+    # no vertical rules: the trials table is the one whose rows carry "│" (and scripts read it)
     table = Table(title="Where each finalist's collect time goes (shares of the actors' summed time)",
-                  header_style="bold", title_justify="left")
+                  header_style="bold", title_justify="left", box=box.SIMPLE)
     for name in ("env", "inference", "waiting", "ipc+other", "config"):
         table.add_column(name, justify="left" if name == "config" else "right")
     choice = result.choice.to_dict()

@@ -1,0 +1,83 @@
+"""``auturi.tune(env, ...)`` (issue 18, items 6 and 10): the CLI's job from Python, its result
+ready for ``wrap``, each finalist's time split and the machine's limit; the CLI's record and
+progress line carry them."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import gymnasium as gym
+import pytest
+
+import auturi
+from auturi import CollectStats
+from auturi.envs import CountingEnv
+from auturi.tuner.api import TuneReport, machine_limit, time_split
+
+
+@pytest.fixture(scope="module")
+def report():
+    return auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=4, num_steps=8,
+                       budget_trials=3, backend="shm", cache=False, max_trial_seconds=0.5)
+
+
+def test_tune_returns_a_config_for_wrap_and_explains_it(report):
+    assert isinstance(report, auturi.TuneResult) and report.config == report.choice
+    assert report.config.num_envs == 4
+    assert report.splits, "no finalist's split"
+    for s in report.splits:
+        assert set(s["split"]) == {"env", "inference", "waiting", "ipc"}
+        assert math.isclose(sum(s["split"].values()), 1.0, abs_tol=1e-3), s
+    assert report.split(report.config) is not None
+    assert report.limit["cores"] >= 1 and report.limit["steps_per_second"] > 0
+    share = report.limit_share()
+    assert share is not None and share == pytest.approx(report.throughput / report.limit["steps_per_second"])
+
+
+def test_the_record_round_trips_the_explanation(report, tmp_path):
+    path = report.save(tmp_path / "r.json")
+    back = TuneReport.load(path)
+    assert back.splits == report.splits and back.limit == report.limit and back.config == report.config
+    assert back.to_record()["explain"]["limit_share"] == pytest.approx(report.limit_share())
+
+
+def test_the_policy_may_be_named():
+    r = auturi.tune("CartPole-v1", policy="mlp", num_envs=2, num_steps=4, budget_trials=1, backend="serial",
+                    cache=False, max_trial_seconds=0.2)
+    assert r.workload["policy"]["class"].endswith("TorchPolicy")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"budget_seconds": -1}, "budget_seconds must be a number of seconds > 0"),
+    ({"budget_trials": 1.5}, "budget_trials must be an integer >= 1"),
+    ({"num_envs": 0}, "num_envs must be an integer >= 1"),
+    ({"backend": "mpi"}, "unknown backend 'mpi'"),
+    ({"policy": "transformer"}, "policy='transformer': use mlp, cnn, auto or a Policy object"),
+])
+def test_bad_arguments_name_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
+        auturi.tune("CartPole-v1", **{"backend": "serial", **kwargs})
+
+
+def test_time_split_counts_every_actor_and_the_rest_as_ipc():
+    two_actors = [CollectStats(steps=8, seconds=1.0, env_seconds=1.0, policy_seconds=0.5, wait_seconds=0.1)]
+    split = time_split(two_actors, num_actors=2)  # 2 s of actor time, 1.6 s of it accounted for
+    assert split == {"env": 0.5, "inference": 0.25, "waiting": 0.05, "ipc": 0.2}
+
+
+def test_machine_limit_is_capped_by_the_best_batched_inference():
+    serial = [CollectStats(steps=100, seconds=0.2, env_seconds=0.01, policy_seconds=0.1)]
+    lim = machine_limit(serial, cores=4, profile={"policy_seconds": {"cpu": {"1": 0.001, "8": 0.002}}})
+    assert lim["env_steps_per_second"] == 40_000.0  # 4 cores x 10,000 steps/s of one env
+    assert lim["inference_steps_per_second"] == 4_000.0  # batch 8 in 2 ms beats the serial 1,000
+    assert lim["steps_per_second"] == 4_000.0 and lim["bound"] == "inference"
+
+
+def test_progress_says_trial_n_of_at_most_m_and_time_left():
+    from auturi.cli.render import progress_fields
+
+    status = {"phase": "search", "trials": 4, "budget_trials": None, "space": {"configs": 9},
+              "budget_seconds": 15.0, "budget_seconds_left": 7.2, "current_config": None, "best_throughput": 1e3}
+    fields = progress_fields(SimpleNamespace(status=status))
+    assert fields["description"].startswith("search    trial 5 of at most 9, 7 s left")
+    assert fields["completed"] == int(1000 * (1 - 7.2 / 15.0))
