@@ -1,15 +1,12 @@
 """The status endpoint: a real uvicorn server on a loopback port, fed by a real (small,
 serial-backend) tuning run; JSON shapes, Prometheus text, the token rule, 4xx JSON errors,
-the OpenAPI schema, a schemathesis run, and the page rendered in headless Chromium.
-
-CI installs Chromium with ``apt-get install -y chromium``; without it the browser test skips.
+the OpenAPI schema and a schemathesis run. The page in a browser: test_server_page.py; the
+metrics' conventions: test_server_metrics.py.
 """
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import threading
 import time
 
@@ -127,6 +124,9 @@ def test_status_shape(server, finished):
     assert s["budget"]["trials"] == 5
     assert s["hardware"]["cores"] >= 1 and "cpu_model" in s["hardware"]
     assert s["best_config_label"] == str(Config.from_dict(s["best_config"]))
+    assert s["best_config_code"] == "auturi." + repr(Config.from_dict(s["best_config"]))
+    assert s["situation"] == "tuning" and s["searching"] is False and "CountingEnv" in s["env"]
+    assert s["steps_total"] is None and s["time_split"] is None  # offline: no training collects recorded
 
 
 def test_trials_shape_and_filters(server, finished):
@@ -298,7 +298,7 @@ def test_a_source_that_breaks_gives_no_500():
             return [{"config": {"nope": 1}, "samples": [float("inf"), 1.0], "mean": "x"}, 42, None]
 
     with StatusServer(Broken()) as srv:
-        for p in ("/status", "/trials", "/metrics", "/healthz", "/"):
+        for p in ("/status", "/trials", "/history", "/metrics", "/healthz", "/"):
             r = get(srv.url, p)
             assert r.status_code == 200, (p, r.text)
         s = get(srv.url, "/status").json()
@@ -347,11 +347,11 @@ def test_all_interfaces_with_a_token(finished):
 # ---------------------------------------------------------------------------- schema
 def test_openapi_lists_the_endpoints(server):
     schema = get(server.url, "/openapi.json").json()
-    assert {"/status", "/trials", "/metrics", "/healthz", "/"} <= set(schema["paths"])
+    assert {"/status", "/trials", "/history", "/metrics", "/healthz", "/"} <= set(schema["paths"])
     for p in schema["paths"].values():
         assert set(p) == {"get"}
     comps = schema["components"]["schemas"]
-    assert {"StatusModel", "TrialsModel", "TrialModel", "ConfigModel"} <= set(comps)
+    assert {"StatusModel", "TrialsModel", "TrialModel", "ConfigModel", "HistoryModel", "TimeSplitModel"} <= set(comps)
     params = {q["name"] for q in schema["paths"]["/trials"]["get"]["parameters"]}
     assert params == {"offset", "limit", "status", "source"}
 
@@ -372,7 +372,7 @@ def test_error_responses_are_declared_with_their_content_type(server):
     for path in schema["paths"]:
         r = get(server.url, path, headers={"Host": "127.evil.com"})
         assert r.status_code == 400 and declared_types(schema, path, 400) == {"application/json"}, path
-    for path in ("/status", "/metrics", "/healthz"):  # no parameters, so no 422 to declare
+    for path in ("/status", "/history", "/metrics", "/healthz"):  # no parameters, so no 422 to declare
         assert declared_types(schema, path, 422) == set(), path
 
 
@@ -408,27 +408,31 @@ def test_schemathesis_finds_no_failure(server):
     assert max(c for _, c in calls) < 500
 
 
-# ---------------------------------------------------------------------------- the page in a browser
-@pytest.mark.skipif(shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
-                    reason="needs Chromium: apt-get install -y chromium")
-def test_page_renders_the_plot_in_chromium(server, tmp_path):
-    np = pytest.importorskip("numpy")
-    Image = pytest.importorskip("PIL.Image")
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    png = tmp_path / "page.png"
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
-           "--window-size=900,600", server.url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False)
-    assert png.exists(), f"no screenshot (rc={proc.returncode}): {proc.stderr[-2000:]}"
-    img = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    assert img.shape[:2] == (600, 900)
-    want = np.array([int(LINE_COLOUR[i:i + 2], 16) for i in (1, 3, 5)])
-    near = np.abs(img - want).sum(axis=2) < 40
-    assert near.sum() > 800, f"only {near.sum()} pixels in the line colour: the plot was not drawn"
-    _, cols = np.nonzero(near)
-    assert cols.max() - cols.min() > 300, "the line should span the plot"
+# The page in headless Chromium: tests/test_server_page.py.
+
+
+def test_history_serves_recorded_collects_bounded(monkeypatch):
+    """/history: each recorded training collect with its layout and time split, oldest first,
+    at most HISTORY_POINTS; the status carries the counters and the latest split."""
+    from auturi.rollout import CollectStats
+    from auturi.server import snapshot as snapshot_module
+
+    monkeypatch.setattr(snapshot_module, "HISTORY_POINTS", 5)
+    snap = StatusSnapshot(env="CartPole-v1")
+    snap.update(status={"phase": "explore", "mode": "online", "current_config": Config.serial(4).to_dict()})
+    for i in range(7):
+        snap.record_collect(CollectStats(steps=100, seconds=0.1 * (i + 1), env_seconds=0.05, policy_seconds=0.02),
+                            config=None if i < 6 else Config(num_actors=2, envs_per_actor=2), at=1000.0 + i)
+    snap.record_collect(CollectStats(steps=0, seconds=0.0))  # an empty collect records nothing
+    with StatusServer(snap, hardware={"cores": 2}) as srv:
+        points = get(srv.url, "/history").json()["points"]
+        s = get(srv.url, "/status").json()
+    assert [p["at"] for p in points] == [1002.0, 1003.0, 1004.0, 1005.0, 1006.0]
+    assert [p["label"] for p in points][-2:] == [str(Config.serial(4)), str(Config(num_actors=2, envs_per_actor=2))]
+    assert points[-1]["steps_per_second"] == pytest.approx(100 / 0.7) and points[-1]["env_seconds"] == 0.05
+    assert s["situation"] == "training" and s["searching"] is True and s["env"] == "CartPole-v1"
+    assert s["steps_total"] == 700 and s["collects_total"] == 7
+    assert s["seconds_total"]["wall"] == pytest.approx(2.8) and s["time_split"]["seconds"] == pytest.approx(0.7)
 
 
 def test_status_snapshot_feeds_from_events():

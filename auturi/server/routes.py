@@ -95,12 +95,14 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
         phase = str(reader.raw_status().get("phase") or "unknown")
         return JSONResponse({"status": "ok", "phase": phase, "uptime_seconds": time.time() - reader.started})
 
-    @app.get("/", response_class=HTMLResponse, summary="A page that plots throughput per trial",
+    @app.get("/", response_class=HTMLResponse, summary="A page: configs ranked while tuning, throughput over time while training",
              responses={200: {"content": {"text/html": {}}}, **bad_param})
     async def get_page(
         refresh: Annotated[float, Query(ge=0.5, le=3600.0, description="Seconds between refreshes")] = 2.0,
     ) -> HTMLResponse:
-        page = render_page(reader.status(), reader.trials(), refresh=refresh, title=title)
+        st = reader.status()
+        history = reader.history() if st["situation"] == "training" else []
+        page = render_page(st, reader.trials(), refresh=refresh, title=title, history=history)
         csp = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'")
         return HTMLResponse(page, headers={**nocache, "Content-Security-Policy": csp})

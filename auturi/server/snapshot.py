@@ -85,11 +85,12 @@ class StatusSnapshot:
         self._state = dataclasses.replace(old, status=st, trials=tr, throughput_now=now_v, throughput_now_at=now_t,
                                           updated_at=now)
 
-    def record_collect(self, stats: Any, config: Any = None) -> None:
+    def record_collect(self, stats: Any, config: Any = None, *, at: float | None = None) -> None:
         """Publish one training collect: ``stats`` is its :class:`~auturi.rollout.CollectStats`
         (or a dict of the same fields), ``config`` the layout it ran under (default: the status's
         current config, else its best). Sets the throughput now, adds a point to the history
-        (reconfigures show as config changes between points) and the steps to the counter."""
+        (reconfigures show as config changes between points) and the steps to the counter.
+        ``at`` is the wall time (``time.time()``) the collect ended; default now."""
         get = stats.get if isinstance(stats, Mapping) else (lambda k, d=None: getattr(stats, k, d))
         steps, seconds = _num(get("steps")), _num(get("seconds"))
         if steps is None or seconds is None or seconds <= 0:
@@ -98,7 +99,7 @@ class StatusSnapshot:
         if config is None:
             config = old.status.get("current_config") or old.status.get("best_config")
         cfg = config.to_dict() if hasattr(config, "to_dict") else (dict(config) if isinstance(config, Mapping) else None)
-        now = time.time()
+        now = time.time() if at is None else float(at)
         parts = {k: _num(get(k)) or 0.0 for k in ("env_seconds", "policy_seconds", "wait_seconds")}
         point = {"at": now, "steps": int(steps), "seconds": seconds, "steps_per_second": steps / seconds,
                  "config": cfg, **parts}
