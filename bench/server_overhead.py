@@ -4,12 +4,14 @@ polled ten times a second, against the server idle and against no server at all.
 Setting: CartPole-v1, the MLP 64x64 policy, 8 envs, 64 steps per collect, under two layouts:
 the serial config (everything in this process, so it competes with the server thread for
 the GIL: the worst case) and 2 actors (collection in worker processes, this process mostly
-waits). The tuner's path is reproduced: each collect publishes a status snapshot (as the
-tuner's callback does), and the server answers from that snapshot.
+waits). The training path is reproduced: each collect publishes a status snapshot (as the
+online tuner's callback does) and records the collect (``StatusSnapshot.record_collect``: the
+page's throughput-over-time history, the counters and the time split), and the server answers
+from that snapshot.
 
 The poller is another process (a browser or Prometheus would be): while a flag file exists
-it sends one request every 0.1 s on a keep-alive connection, alternating ``/status`` and
-``/trials`` (what the dashboard page fetches; ``--paths`` changes the list).
+it sends one request every 0.1 s on a keep-alive connection, cycling ``/status``, ``/trials``
+and ``/history`` (what the page fetches while training; ``--paths`` changes the list).
 Conditions run in interleaved rounds (none, idle, polled, rotated), so a drift of the machine
 hits each alike; the result is the median of each condition's rounds and the ratio to
 ``none``, with the spread of the per-round ratios.
@@ -84,7 +86,7 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_round(ex, snap, collects: int) -> tuple[float, float]:
+def run_round(ex, snap, collects: int, config) -> tuple[float, float]:
     """Steps/s of ``collects`` collects, and this process's CPU ms per 1000 steps."""
     from auturi.tuner import TunerEvent
 
@@ -96,6 +98,7 @@ def run_round(ex, snap, collects: int) -> tuple[float, float]:
             snap(TunerEvent(kind="sample", status={"phase": "search", "trials": 20, "trials_ok": 20,
                                                    "best_throughput": 5000.0, "current_samples": 3},
                             value=r.stats.steps_per_second))
+            snap.record_collect(r.stats, config)  # what the training face does after each collect
     return steps / (time.perf_counter() - t0), 1e6 * (_cpu() - c0) / steps
 
 
@@ -107,7 +110,7 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch threads in this process (the serial layout's inference); 1 keeps a shared "
                          "machine's noise down")
-    ap.add_argument("--paths", nargs="+", default=["status", "trials"], help="paths the poller cycles through")
+    ap.add_argument("--paths", nargs="+", default=["status", "trials", "history"], help="paths the poller cycles through")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
@@ -151,7 +154,7 @@ def main() -> None:
                         if cond == "polled":
                             flag.touch()
                         time.sleep(0.3)  # the poller is in its stride (every condition waits alike)
-                        got[cond], c = run_round(ex, None if cond == "none" else snap, args.collects)
+                        got[cond], c = run_round(ex, None if cond == "none" else snap, args.collects, cfg)
                         cpu[cond].append(c)
                         if cond == "polled":
                             flag.unlink()
