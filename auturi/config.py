@@ -30,6 +30,32 @@ class Config:
 
     The total number of envs is ``num_actors * envs_per_actor``; env ``i`` belongs to
     actor ``i // envs_per_actor``. No knob changes the data the learner receives.
+
+    The six knobs (``Config.knob_names()``):
+
+    - ``num_actors`` (>= 1): independent collection loops, each owning its envs and policy
+      replicas; 1 runs in the caller's process.
+    - ``envs_per_actor`` (>= 1): envs owned by one actor.
+    - ``env_parallel_degree`` (divides ``envs_per_actor``): how many places step an actor's
+      envs in parallel; the actor steps the first share, ``degree - 1`` env worker processes
+      the others. 1 = all in the actor's own process (no IPC).
+    - ``policies_per_actor`` (1 .. ``envs_per_actor``): policy replicas; 1 = inference in the
+      actor's own process, more = that many inference worker processes.
+    - ``policy_device`` (``cpu``, ``cuda``, ``cuda:k``; a CUDA device only where one exists):
+      where the replicas run.
+    - ``policy_batch_size`` (1 .. ``envs_per_actor``; 0 = ``envs_per_actor``): the most
+      observations a replica takes in one forward pass; a smaller batch goes when waiting
+      could not fill it, so nothing deadlocks.
+
+    A knob that breaks its rule raises :class:`~auturi.ConfigError` naming it:
+
+    >>> from auturi import Config
+    >>> Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2).num_envs
+    8
+    >>> Config(envs_per_actor=4, env_parallel_degree=3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    auturi.errors.ConfigError: env_parallel_degree=3 is invalid: ...
     """
 
     num_actors: int = 1

@@ -189,7 +189,15 @@ class TuneReport(TuneResult):
 
     ``splits``: for each finalist (the configs re-measured after the search, else every
     measured config), its label and :func:`time_split`; ``limit``: :func:`machine_limit`.
-    Both are in the JSON record under ``"explain"``."""
+    Both are in the JSON record under ``"explain"``.
+
+    >>> from auturi import Config
+    >>> r = TuneReport(choice=Config.serial(2), reason="", trials=[], final=[], start=Config.serial(2),
+    ...                num_steps=4, splits=[{"config": Config.serial(2).to_dict(), "label": "serial",
+    ...                                      "split": {"env": 0.6, "inference": 0.3, "waiting": 0.0, "ipc": 0.1}}])
+    >>> r.split(r.config)["env"]
+    0.6
+    """
 
     splits: list[dict[str, Any]] = field(default_factory=list)
     limit: dict[str, Any] = field(default_factory=dict)
@@ -298,6 +306,14 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     Returns:
         a :class:`TuneReport`: ``result.config`` is the choice, ``result.splits`` and
         ``result.limit`` say why it wins; the executor is closed.
+
+    >>> import auturi
+    >>> result = auturi.tune("CartPole-v1", policy="mlp", num_envs=2, num_steps=4, budget_trials=1,
+    ...                      backend="serial", cache=False)
+    >>> result.config == auturi.Config.serial(2)   # one trial: the start, which is serial
+    True
+
+    Then ``auturi.wrap(model, config=result.config)`` (SB3) trains with it.
     """
     budget = _check_budget(num_envs, num_steps, budget_trials, budget_seconds, max_trial_seconds)
     from auturi.executor import BACKENDS, make_executor
