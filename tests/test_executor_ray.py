@@ -278,3 +278,16 @@ def test_unreachable_address_then_a_local_instance_started_and_shut_down():
     assert lines[0].startswith("ERROR:") and "'127.0.0.1:1'" in lines[0] and "ray start --head" in lines[0]
     assert "address=None" in lines[0]
     assert lines[1:] == ["initialized after the error: False", "local: (3, 2, 4) True", "after close: False"]
+
+
+def test_the_ray_backend_without_ray_says_which_extra_to_install(monkeypatch):
+    import importlib.util
+
+    from auturi.executor import make_executor
+    from auturi.envs import CountingEnv
+    from auturi.policy import ConstantPolicy
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ImportError, match=r"auturi\[ray\]"):
+        make_executor([CountingEnv] * 2, ConstantPolicy(CountingEnv().action_space), num_envs=2, backend="ray")

@@ -51,6 +51,11 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
 
         return ShmExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
     if backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise ImportError('backend="ray" needs Ray, which is not installed: pip install "auturi[ray]" '
+                              '(or use backend="shm" on one machine)')
         from auturi.executor.ray_backend import RayExecutor  # imports ray only when used
 
         return RayExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
