@@ -13,10 +13,12 @@ from auturi.tuner.measure import (
     MeasureProtocol,
     Trial,
     TrialRecorder,
+    collects_per_sample,
     measure,
     median_interval,
     ratio,
     remeasure_interleaved,
+    sample_throughput,
 )
 from tests.helpers import FakeExecutor, const
 
@@ -218,3 +220,65 @@ def test_short_collects_are_aggregated_into_one_sample():
     assert ex.collects == 1 + 3 * 2  # one warm-up collect, then two per sample
     with pytest.raises(ValueError, match="min_sample_seconds"):
         MeasureProtocol(min_sample_seconds=-1.0)
+
+
+# ---------------------------------------------------------------------------- heavy tails
+class _MixtureCollects:
+    """Collects of 100 steps: 1 ms each, but one in ``1/p`` takes ``factor`` times as long
+    (rare slow env steps falling into it); long-run rate ``1e5 / (1 + p (factor - 1))``."""
+
+    def __init__(self, p: float, factor: float, seed: int):
+        self.p, self.factor, self.rng, self.now = p, factor, np.random.default_rng(seed), 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def collect(self, num_steps: int):
+        self.now += 1e-3 * (self.factor if self.rng.random() < self.p else 1.0)
+        return None  # no stats: sample_throughput times it with the clock
+
+
+def test_samples_sized_from_the_spread_estimate_a_heavy_tailed_mixture_without_bias():
+    """The median of one-collect samples misses the rare slow collects (here 40% too high);
+    samples of collects_per_sample() collects each hold several, and their median is the
+    long-run rate (total steps over total seconds) within 8% (3 standard errors)."""
+    p, factor = 0.2, 3.0
+    # Seeded: in these seeds the 9 short samples see the slow collects (in 2 of 20 seeds they
+    # see none, and then nothing can size the sample: a spread never seen cannot be measured).
+    true = 1e5 / (1 + p * (factor - 1))
+    for seed in range(5):
+        ex = _MixtureCollects(p, factor, seed)
+        seen: list[float] = []
+        short = [sample_throughput(ex, 100, 100, 0.0, ex.clock, collect_rates=seen) for _ in range(9)]
+        assert median_interval(short)[0] / true - 1 > 0.3  # the old estimate: biased, not noisy
+        m = collects_per_sample(seen)
+        assert m >= 20
+        long = [sample_throughput(ex, 100, 100, 0.0, ex.clock, min_collects=m) for _ in range(15)]
+        assert median_interval(long)[0] == pytest.approx(true, rel=0.08), seed
+
+
+def test_collects_per_sample_grows_with_the_spread_and_is_capped():
+    assert collects_per_sample([1000.0, 1000.0]) == 1  # too few collects to see a spread
+    assert collects_per_sample([1000.0] * 5) == 1
+    lo = collects_per_sample([1000.0, 900.0, 1100.0, 950.0, 1050.0])
+    hi = collects_per_sample([1000.0, 500.0, 1100.0, 950.0, 300.0])
+    assert 1 <= lo < hi <= 64
+    assert collects_per_sample([1000.0, 10.0, 1000.0, 10.0]) == 64
+
+
+def test_a_sample_takes_at_least_min_collects_collects():
+    ex = FakeExecutor(4, const(1000.0), warmup_factor=1.0)
+    rates: list[float] = []
+    sps = sample_throughput(ex, 10, 40, 0.0, ex.clock, min_collects=5, collect_rates=rates)
+    assert ex.collects == 5 and len(rates) == 5 and sps == pytest.approx(1000.0)
+
+
+def test_interleaved_remeasure_can_go_on_past_a_clear_ranking():
+    a, b = Config.serial(4), Config(num_actors=2, envs_per_actor=2)
+    speeds = {a: 1000.0, b: 3000.0}
+    ex = FakeExecutor(4, lambda c: speeds[c], noise=0.1, seed=4)
+    p = MeasureProtocol(rel_half_width=0.001, min_sample_seconds=0.0)
+    trials = remeasure_interleaved(ex, [a, b], 10, p, min_rounds=3, max_rounds=5, clock=ex.clock,
+                                   stop_when_separated=False, min_collects={a: 2})
+    assert [t.n for t in trials] == [5, 5] and all(t.stop_reason == "max_rounds" for t in trials)
+    assert len(trials[0].collect_rates) == 10 and len(trials[1].collect_rates) == 5

@@ -12,8 +12,14 @@ One trial of a config:
    (after ``min_samples``), or a cap is hit (``max_samples``, ``max_seconds``, or the tuner's
    deadline).
 
-Throughput is env steps per wall second of one collect (``rollout.stats.steps_per_second``).
-Every sample is kept, so a results file can be re-analysed.
+Throughput is env steps per wall second (``rollout.stats``); offline, one sample is as many
+back-to-back collects as last ``min_sample_seconds``, and their steps over their seconds.
+In the interleaved rounds whose numbers are printed (the offline tuner's confirm rounds) a
+sample is also at least :func:`collects_per_sample` collects, sized from the spread of the
+config's single collects: with heavy-tailed envs most short samples miss the rare slow
+steps, so their median is above the long-run rate a learner sees, and by how much depends
+on the config; samples that each hold several slow steps have a median at their mean.
+Every sample, and offline every collect in it, is kept, so a results file can be re-analysed.
 
 The statistics are robust (:func:`median_interval`): the estimate is the **median** of the
 samples, so one collect that a neighbour's job stalled does not move it, and its interval is
@@ -154,6 +160,11 @@ class Trial:
     """What the executor reported of the reconfigure into this config (its
     ``last_reconfigure``: seconds, processes kept/started/ended, envs moved/recreated), when
     it reports one."""
+    collect_rates: list[float] = field(default_factory=list)
+    """Steps/s of each single collect inside the measured samples (offline; one sample may
+    aggregate several): their spread sizes later samples (:func:`collects_per_sample`)."""
+    collects_per_sample: int = 1
+    """The fewest collects one measured sample aggregated (see :func:`collects_per_sample`)."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -219,6 +230,7 @@ class Trial:
             "half_width": _num(self.half_width), "n": self.n, "samples": list(self.samples),
             "warmup": list(self.warmup), "reconfigure_seconds": self.reconfigure_seconds,
             "predicted": _num(self.predicted), "started": self.started, "seconds": self.seconds,
+            "collect_rates": list(self.collect_rates), "collects_per_sample": self.collects_per_sample,
             **({"reconfigure": dict(self.reconfigure)} if self.reconfigure else {}),
         }
 
@@ -228,7 +240,9 @@ class Trial:
                    warmup=list(d.get("warmup", [])), reconfigure_seconds=d.get("reconfigure_seconds", 0.0),
                    status=d.get("status", "ok"), stop_reason=d.get("stop_reason", ""), error=d.get("error"),
                    source=d.get("source", ""), predicted=d.get("predicted"), started=d.get("started", 0.0),
-                   seconds=d.get("seconds", 0.0), reconfigure=d.get("reconfigure"))
+                   seconds=d.get("seconds", 0.0), reconfigure=d.get("reconfigure"),
+                   collect_rates=list(d.get("collect_rates", [])),
+                   collects_per_sample=int(d.get("collects_per_sample", 1)))
 
     def interval_text(self) -> str:
         """``"[low, high] 94%"``, or ``""`` without an interval."""
@@ -249,21 +263,58 @@ MAX_COLLECTS_PER_SAMPLE = 64
 
 
 def sample_throughput(executor: Any, num_steps: int, steps: int, min_seconds: float,
-                      clock: Callable[[], float]) -> float:
-    """One offline sample: collects back to back until they have lasted ``min_seconds`` (at
-    least one), and their total steps over their total seconds (each collect timed by the
-    executor's own stats when present, as :func:`throughput_of` does)."""
+                      clock: Callable[[], float], min_collects: int = 1,
+                      collect_rates: list[float] | None = None) -> float:
+    """One offline sample: collects back to back until they have lasted ``min_seconds`` and
+    numbered ``min_collects`` (at least one, at most :data:`MAX_COLLECTS_PER_SAMPLE`), and
+    their total steps over their total seconds (each collect timed by the executor's own
+    stats when present, as :func:`throughput_of` does). Each collect's own steps/s is
+    appended to ``collect_rates`` when given."""
     total_steps, total_seconds = 0, 0.0
-    for _ in range(MAX_COLLECTS_PER_SAMPLE):
+    for i in range(MAX_COLLECTS_PER_SAMPLE):
         c0 = clock()
         rollout = executor.collect(num_steps)
         wall = clock() - c0
         stats = getattr(rollout, "stats", None)
         seconds = float(stats.seconds) if stats is not None and getattr(stats, "seconds", None) else wall
         total_steps, total_seconds = total_steps + steps, total_seconds + seconds
-        if total_seconds >= min_seconds or total_seconds <= 0:  # a fake clock that never moves: one collect
+        if collect_rates is not None and seconds > 0:
+            collect_rates.append(steps / seconds)
+        if total_seconds <= 0:  # a fake clock that never moves: one collect
+            break
+        if total_seconds >= min_seconds and i + 1 >= min_collects:
             break
     return total_steps / total_seconds if total_seconds > 0 else throughput_of(rollout, wall, steps)
+
+
+SAMPLE_TARGET_CV = 0.08
+"""The spread (coefficient of variation) one offline sample should have at most, from which
+:func:`collects_per_sample` sizes it. The heavy-tailed bench env (2% of steps 50x longer,
+in lockstep across its envs) varied 25-35% from one 50 ms sample to the next, so the median
+of the 3 samples behind a printed ratio moved it by 15-40% between runs; a sample of enough
+collects to hold several slow steps varies ~8% and its median is its mean (a skewed
+sample distribution's median is not: 7% above the long-run rate with one-collect samples)."""
+
+
+def collects_per_sample(collect_rates: Sequence[float], target_cv: float = SAMPLE_TARGET_CV) -> int:
+    """How many back-to-back collects one sample needs so that its steps/s varies about
+    ``target_cv`` from sample to sample: ``ceil((cv / target_cv) ** 2)`` from the spread
+    ``cv`` of single collects (the variance of a mean of ``m`` falls as ``1/m``; the
+    collects of heavy-tailed envs are close to independent at these lengths), between 1
+    and :data:`MAX_COLLECTS_PER_SAMPLE`; 1 with fewer than 3 collects seen. The spread is
+    taken on per-step times (``1/rate``), the quantity a sample sums.
+
+    Example:
+        >>> collects_per_sample([1000.0, 1010.0, 990.0])      # steady: single collects do
+        1
+        >>> collects_per_sample([1000.0, 400.0, 1100.0, 950.0, 500.0])  # rare slow collects
+        36
+    """
+    times = [1.0 / r for r in collect_rates if r > 0 and math.isfinite(r)]
+    if len(times) < MIN_INTERVAL_SAMPLES:
+        return 1
+    cv = statistics.stdev(times) / statistics.fmean(times)
+    return max(1, min(MAX_COLLECTS_PER_SAMPLE, math.ceil((cv / target_cv) ** 2)))
 
 
 def throughput_of(rollout: Any, seconds: float, steps: int) -> float:
@@ -373,8 +424,10 @@ def measure(executor: Any, config: Config, num_steps: int, protocol: MeasureProt
     rec = TrialRecorder(trial, p, clock=clock, deadline=deadline, reference=reference)
     try:
         while True:
+            measured = rec.warmup_left == 0
             sps = sample_throughput(executor, num_steps, num_steps * config.num_envs,
-                                    p.min_sample_seconds if rec.warmup_left == 0 else 0.0, clock)
+                                    p.min_sample_seconds if measured else 0.0, clock,
+                                    collect_rates=trial.collect_rates if measured else None)
             was_warmup = rec.warmup_left > 0
             done = rec.add(sps)
             if on_sample is not None and not was_warmup:
@@ -394,25 +447,33 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
                           protocol: MeasureProtocol | None = None, *, min_rounds: int = 2, max_rounds: int = 3,
                           samples_per_round: int = 1, clock: Callable[[], float] = time.perf_counter,
                           deadline: float | None = None, source: str = "final",
-                          on_sample: Callable[[Trial, float], None] | None = None) -> list[Trial]:
+                          on_sample: Callable[[Trial, float], None] | None = None,
+                          min_collects: dict[Config, int] | None = None, resize: bool = False,
+                          stop_when_separated: bool = True, budget_min_samples: int = 2) -> list[Trial]:
     """Re-measure ``configs`` in rounds (reconfigure, warm-up, ``samples_per_round``
-    measured collects each visit) so slow drifts of the machine hit all of them alike.
+    measured samples each visit) so slow drifts of the machine hit all of them alike.
 
     Rounds alternate direction (a b c, c b a, ...): a linear drift then hits every config
     alike, and the config ending one round starts the next without a reconfigure or a
     warm-up. Stops after ``min_rounds`` once every interval is within the protocol's fraction
-    (``converged``) or the fastest one's interval lies above all the others' (``separated``),
-    or after ``max_rounds`` (``max_rounds``), or once each has two samples and another round
-    as long as the last would end past ``deadline`` (``budget``).
+    (``converged``) or, with ``stop_when_separated``, the fastest one's interval lies above
+    all the others' (``separated``), or after ``max_rounds`` (``max_rounds``), or once each
+    has ``budget_min_samples`` samples and another round as long as the last would end past
+    ``deadline`` (``budget``). A sample of config ``c`` is at least ``min_collects[c]``
+    collects (default 1) and the protocol's ``min_sample_seconds``; with ``resize``, before
+    each visit, more when the collects seen so far in these rounds call for more
+    (:func:`collects_per_sample`: a rare slow collect may show only here).
     Returns one trial per config (source ``source``), in the given order.
     """
     p = protocol or MeasureProtocol()
-    trials = [Trial(config=c, source=source) for c in configs]
+    trials = [Trial(config=c, source=source, collects_per_sample=(min_collects or {}).get(c, 1)) for c in configs]
     last: Trial | None = None
     reason = "max_rounds"
     for r in range(max_rounds):
         r0 = clock()
         for tr in (trials if r % 2 == 0 else trials[::-1]):
+            if resize:
+                tr.collects_per_sample = max(tr.collects_per_sample, collects_per_sample(tr.collect_rates))
             _visit(executor, tr, num_steps, p.warmup_collects if tr is not last else 0, samples_per_round,
                    clock, on_sample, p.min_sample_seconds)
             last = tr
@@ -420,12 +481,13 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.estimate for t in live):
             reason = "converged"
             break
-        if r + 1 >= min_rounds and _separated(live):
+        if r + 1 >= min_rounds and stop_when_separated and _separated(live):
             reason = "separated"
             break
         # Stop when another round like this one would end past the deadline.
         now = clock()
-        if deadline is not None and now + (now - r0) > deadline and all(len(t.samples) >= 2 for t in live):
+        if deadline is not None and now + (now - r0) > deadline and \
+                all(len(t.samples) >= budget_min_samples for t in live):
             reason = "budget"
             break
     for tr in trials:
@@ -447,7 +509,8 @@ def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, 
             c0 = clock()
             tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0, steps))
         for _ in range(samples):
-            sps = sample_throughput(executor, num_steps, steps, min_sample_seconds, clock)
+            sps = sample_throughput(executor, num_steps, steps, min_sample_seconds, clock,
+                                    min_collects=tr.collects_per_sample, collect_rates=tr.collect_rates)
             tr.samples.append(sps)
             if on_sample is not None:
                 on_sample(tr, sps)

@@ -19,7 +19,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from auturi.config import Config
-from auturi.tuner.measure import MIN_INTERVAL_SAMPLES, MeasureProtocol, Trial, measure, ratio, remeasure_interleaved
+from auturi.tuner.measure import (
+    MIN_INTERVAL_SAMPLES,
+    MeasureProtocol,
+    Trial,
+    collects_per_sample,
+    measure,
+    ratio,
+    remeasure_interleaved,
+)
 from auturi.tuner.result import Callback, TuneError, TuneResult, _fmt
 from auturi.tuner.session import _Session
 from auturi.tuner.space import SearchSpace
@@ -55,12 +63,17 @@ class Tuner(_Session):
             every interval is within ``rel_half_width`` or the fastest is clearly ahead).
         final_samples: measured collects per finalist per round.
         confirm_rounds: after the choice is made, it is re-measured with the start and
-            serial configs in this many interleaved rounds (fewer when the budget is short),
-            at least 3 samples each; the printed throughput and speed-ups come from these
-            rounds, so the choice's figure is not the draw that made it win, and each ratio
-            compares numbers taken in the same rounds. Should the choice measure slower than
-            start or serial there, the faster of those is the choice. 0 turns this off (the
-            figures then come from the samples the choice was made on).
+            serial configs in interleaved rounds: at least 3 samples each (in up to 3 rounds,
+            fewer when the budget is short), then more rounds, up to this many, while every
+            interval is wider than ``rel_half_width`` and another round fits in the budget.
+            Each config's sample there is as many collects as its spread in the search needs
+            (:func:`~auturi.tuner.measure.collects_per_sample`), so a heavy-tailed env's rare
+            slow steps are inside every sample instead of deciding which samples are slow.
+            The printed throughput and speed-ups come from these rounds, so the choice's
+            figure is not the draw that made it win, and each ratio compares numbers taken in
+            the same rounds. Should the choice measure slower than start or serial there, the
+            faster of those is the choice. 0 turns this off (the figures then come from the
+            samples the choice was made on).
         space / devices / cores: the search space, or what to build it from.
         cache: None (default directory), False (no cache), a directory or a ResultsCache.
         confirm_tolerance: a cached choice is confirmed, and the search skipped, when it
@@ -77,7 +90,7 @@ class Tuner(_Session):
                  budget_seconds: float | None = None, rel_half_width: float = 0.05, min_samples: int = 3,
                  max_samples: int = 10, max_trial_seconds: float | None = 20.0,
                  protocol: MeasureProtocol | None = None, top_k: int = 3, final_rounds: tuple[int, int] = (2, 3),
-                 final_samples: int = 2, confirm_rounds: int = 3,
+                 final_samples: int = 2, confirm_rounds: int = 6,
                  space: SearchSpace | None = None, devices: Sequence[str] | None = None, cores: int | None = None,
                  cache: Any = None, confirm_tolerance: float = 0.10, callback: Callback | None = None,
                  seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
@@ -162,8 +175,7 @@ class Tuner(_Session):
         assert candidate is not None
         choice_trial, note = candidate, ""
         if plan[0] > 0:
-            confirm = self._remeasure(executor, list(dict.fromkeys([candidate.config, start, serial])), num_steps,
-                                      rounds=plan[0], samples=plan[1], source="confirm", deadline=None)
+            confirm = self._confirm(executor, [candidate.config, start, serial], num_steps, plan)
             choice_trial, note = self._confirmed_choice(confirm, candidate.config, start, serial)
         choice = choice_trial.config
         self.choice = choice_trial
@@ -174,7 +186,9 @@ class Tuner(_Session):
             protocol=self.protocol.to_dict(),
             budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "top_k": self.top_k,
                     "final_rounds": list(self.final_rounds), "final_samples": self.final_samples,
-                    "confirm_rounds": plan[0], "confirm_samples_per_round": plan[1]},
+                    "confirm_rounds": self._rounds_run(plan[1]), "confirm_samples_per_round": plan[1],
+                    "confirm_collects_per_sample": {str(t.config): t.collects_per_sample for t in self.final
+                                                    if t.source == "confirm"}},
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None,
             setup_seconds=self.setup_seconds, startup_seconds=self.startup_seconds)
@@ -186,15 +200,29 @@ class Tuner(_Session):
         self._emit("done", message=result.reason)
         return result
 
+    def _confirm(self, executor: Any, configs: list[Config], num_steps: int,
+                 plan: tuple[int, int, float, dict[Config, int]]) -> list[Trial]:
+        """The rounds after the choice (see ``confirm_rounds``): at least 3 samples each, then
+        more rounds while the intervals are wide and the budget allows; a tight ranking does
+        not end them (their point is the printed ratios, not the ranking)."""
+        rounds, per, _, _ = plan
+        collects = {c: self._collects_per_sample(c) for c in configs}  # the final rounds' collects count too
+        deadline = None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds
+        return self._remeasure(executor, list(dict.fromkeys(configs)), num_steps,
+                               rounds=(rounds, max(rounds, self.confirm_rounds)), samples=per, source="confirm",
+                               deadline=deadline, min_collects=collects, resize=True, stop_when_separated=False,
+                               budget_min_samples=MIN_INTERVAL_SAMPLES)
+
     def _remeasure(self, executor: Any, configs: list[Config], num_steps: int, *, rounds: int | tuple[int, int],
-                   samples: int, source: str, deadline: float | None) -> list[Trial]:
-        """Interleaved rounds of ``configs`` (see :func:`remeasure_interleaved`), kept in ``final``."""
+                   samples: int, source: str, deadline: float | None, **kw: Any) -> list[Trial]:
+        """Interleaved rounds of ``configs`` (see :func:`remeasure_interleaved`, which takes
+        ``kw``), kept in ``final``."""
         lo, hi = (rounds, rounds) if isinstance(rounds, int) else rounds
         began = self.elapsed()
         try:
             trials = remeasure_interleaved(executor, configs, num_steps, self.protocol, min_rounds=lo, max_rounds=hi,
                                            samples_per_round=samples, clock=self.clock, deadline=deadline,
-                                           source=source, on_sample=self._final_sample)
+                                           source=source, on_sample=self._final_sample, **kw)
         except Exception as e:
             self.phase = "failed"
             where = self.current.config if self.current else "a finalist"
@@ -207,6 +235,12 @@ class Tuner(_Session):
                 t.stop_reason = "confirm"  # a fixed number of rounds, whatever the intervals did
         self.final += trials
         return trials
+
+    def _rounds_run(self, per_round: int) -> int:
+        """How many confirm rounds ran (the most samples of a confirm trial over the samples
+        per round)."""
+        n = max((t.n for t in self.final if t.source == "confirm"), default=0)
+        return -(-n // per_round) if per_round else 0
 
     def _decide(self, executor: Any, finalists: list[Config], num_steps: int, reserve: float) -> Trial | None:
         """Re-measure close finalists interleaved (a drift of the machine then hits them
@@ -274,31 +308,38 @@ class Tuner(_Session):
                 out.append(c)
         return out
 
-    def _visit_cost(self, config: Config, samples: int) -> float:
+    def _visit_cost(self, config: Config, samples: int, collects: int = 1) -> float:
         """Seconds one visit of the interleaved re-measure (reconfigure, warm-up, ``samples``
-        collects) should take, from the config's search trial."""
+        samples of ``collects`` collects) should take, from the config's search trial."""
         t = next((t for t in self.history if t.config == config and t.ok), None)
         if t is None:
             return 0.0
-        collects = len(t.warmup) + len(t.samples)
-        per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, collects)
-        return t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + samples)
+        n_collects = len(t.warmup) + (len(t.collect_rates) or len(t.samples))
+        per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, n_collects)
+        return t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + samples * collects)
 
-    def _confirm_plan(self, configs: list[Config]) -> tuple[int, int, float]:
-        """``(rounds, samples per round, estimated seconds)`` of the confirm rounds: at least
-        3 samples each (an interval needs them), in as many interleaved rounds, up to
-        ``confirm_rounds``, as what is left of ``budget_seconds`` allows (one round of 3
-        samples when even two rounds do not fit: it is never skipped)."""
+    def _collects_per_sample(self, config: Config) -> int:
+        """Collects per sample for ``config``'s confirm rounds, from the spread of its single
+        collects in every earlier trial (:func:`collects_per_sample`)."""
+        rates = [r for t in self.history + self.final if t.config == config for r in t.collect_rates]
+        return collects_per_sample(rates)
+
+    def _confirm_plan(self, configs: list[Config]) -> tuple[int, int, float, dict[Config, int]]:
+        """``(rounds, samples per round, estimated seconds, collects per sample by config)``
+        of the confirm rounds' first part: at least 3 samples each (an interval needs them),
+        in as many interleaved rounds, up to 3, as what is left of ``budget_seconds`` allows
+        (one round of 3 samples when even two rounds do not fit: it is never skipped)."""
         if self.confirm_rounds <= 0:
-            return 0, 0, 0.0
+            return 0, 0, 0.0, {}
         configs = list(dict.fromkeys(configs))
+        collects = {c: self._collects_per_sample(c) for c in configs}
         left = math.inf if self.budget_seconds is None or self.t0 is None else \
             self.t0 + self.budget_seconds - self.clock()
-        for rounds in range(self.confirm_rounds, 0, -1):
+        for rounds in range(min(self.confirm_rounds, MIN_INTERVAL_SAMPLES), 0, -1):
             per = -(-MIN_INTERVAL_SAMPLES // rounds)
-            cost = rounds * sum(self._visit_cost(c, per) for c in configs)
+            cost = rounds * sum(self._visit_cost(c, per, collects[c]) for c in configs)
             if cost <= left or rounds == 1:
-                return rounds, per, cost
+                return rounds, per, cost, collects
         raise AssertionError("unreachable")
 
     def _fit_budget(self, finalists: list[Config], reserve: float = 0.0) -> list[Config]:
