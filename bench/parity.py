@@ -17,14 +17,19 @@ Per run it records what learning gives, none of it a timing:
 its episodes cut. It tells whether a gap comes from the cuts themselves (then ``sb3_cut``
 shows it too) or from anything else the wrapped path does differently. ``--fixed`` adds
 ``auturi_fixed``: ``auturi.wrap(model, config=Config.serial(n_envs))``, the wrapped path
-without tuning (no reconfigure, no cut).
+without tuning (no reconfigure, no cut). ``--noise`` adds ``sb3_noise``: plain SB3's own loop
+acting with the action noise an Auturi executor draws (:class:`ExecutorNoise`); where it
+equals ``auturi`` episode for episode, a gap between ``auturi`` and ``sb3`` is the random
+stream of the actions, nothing else.
 
 Per task the table gives each side's mean and standard deviation over seeds and the paired
 difference (auturi - sb3) with its standard error; ``|diff| > 2 SE`` is marked as beyond
 seed noise. Wall seconds are printed but mean little on a shared machine.
 
-Run: python -m bench.parity [--quick] [--control] [--fixed] [--tasks CartPole-v1 Acrobot-v1] [--seeds 5]
-Writes bench/results/parity[_quick].json and .md (``--out DIR`` elsewhere).
+Run: python -m bench.parity [--quick] [--control] [--fixed] [--noise] [--tasks CartPole-v1 Acrobot-v1]
+[--seeds 5] [--first-seed 0] [--name NAME]; ``--merge A.json B.json ...`` re-summarizes the runs
+of earlier results (e.g. seed ranges run apart) into one table.
+Writes bench/results/parity[_quick].json and .md (``--name`` and ``--out DIR`` elsewhere).
 """
 from __future__ import annotations
 
@@ -50,6 +55,9 @@ TASKS: dict[str, dict[str, Any]] = {
                    "ppo": {"n_steps": 256, "gae_lambda": 0.94, "gamma": 0.99, "n_epochs": 4, "ent_coef": 0.0}},
 }
 KINDS = ("auturi", "sb3")  # the wrapped run first: sb3_cut replays its cuts
+# The optional kinds, each compared with one main kind: (kind, versus, its column's title).
+EXTRA = (("sb3_cut", "auturi", "SB3 with auturi's cuts"), ("auturi_fixed", "sb3", "auturi fixed serial"),
+         ("sb3_noise", "auturi", "SB3 with auturi's noise"))
 METRICS = ("final_return", "eval_return", "episodes", "cut")
 
 
@@ -106,6 +114,65 @@ def _episode_log_class() -> type:
     return EpisodeLog
 
 
+class ExecutorNoise:
+    """Plain SB3 acting with the action noise an Auturi executor draws (``kind`` ``sb3_noise``):
+    env ``i``'s uniform numbers for the steps ``s .. s + n_steps - 1`` of a rollout come from
+    ``default_rng([seed, i, s])`` (``Executor._prepare``) and become an action by the inverse
+    CDF of ``auturi.sampling``, where plain SB3 samples from torch's global stream. Everything
+    else is SB3's own loop. It separates the two things a wrapped run changes: if it learns
+    exactly as ``auturi.wrap(model)`` does, the wrapped path's data is SB3's and any gap to
+    plain SB3 is which random numbers the actions used.
+
+    Installed on ``model.policy`` for the ``with`` block (an evaluation after it samples from
+    torch again); Discrete and Box actions. Each ``sample()`` of the policy's distribution is
+    one step of every env: SB3's ``collect_rollouts`` samples once per step, through
+    ``forward``."""
+
+    def __init__(self, model: Any, seed: int) -> None:
+        self.policy, self.seed = model.policy, int(seed)
+        self.n_envs, self.n_steps = int(model.n_envs), int(model.n_steps)
+        self.steps = 0  # steps each env has taken: keys the streams, as the executor's _steps_done
+        self._noise: Any = None
+
+    def __enter__(self) -> "ExecutorNoise":
+        self._dist_from_latent = self.policy._get_action_dist_from_latent
+        self.policy._get_action_dist_from_latent = self._patched
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.policy._get_action_dist_from_latent  # the class's method again
+
+    def _patched(self, latent_pi: Any) -> Any:
+        dist = self._dist_from_latent(latent_pi)
+        dist.sample = lambda: self._sample(dist)
+        return dist
+
+    def _uniforms(self) -> Any:
+        import numpy as np
+        import torch
+
+        t = self.steps % self.n_steps
+        if t == 0:  # a rollout starts: every env's stream for its n_steps, as _prepare draws them
+            k = int(np.prod(self.policy.action_space.shape)) or 1
+            self._noise = np.stack([np.random.default_rng([self.seed, i, self.steps]).random((self.n_steps, k),
+                                                                                             dtype=np.float32)
+                                    for i in range(self.n_envs)], axis=1)
+        self.steps += 1
+        return torch.as_tensor(self._noise[t])
+
+    def _sample(self, dist: Any) -> Any:
+        from gymnasium import spaces
+
+        from auturi.sampling import categorical_from_uniform, normal_from_uniform
+
+        u = self._uniforms()
+        if isinstance(self.policy.action_space, spaces.Discrete):
+            return categorical_from_uniform(dist.distribution.probs, u[:, 0])
+        if isinstance(self.policy.action_space, spaces.Box):
+            return normal_from_uniform(dist.distribution.mean, dist.distribution.stddev, u)
+        raise NotImplementedError(f"ExecutorNoise: {self.policy.action_space} (Discrete and Box only)")
+
+
 def _make_model(task: str, seed: int) -> Any:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -143,7 +210,8 @@ def evaluate(model: Any, task: str, seed: int, episodes: int = 8) -> float:
 
 def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: tuple[int, ...] = ()) -> dict[str, Any]:
     """One ``learn`` of ``steps`` steps: ``kind`` ``sb3`` (plain), ``sb3_cut`` (plain, every
-    env restarted before the rollouts ``restart_before``) or ``auturi``
+    env restarted before the rollouts ``restart_before``), ``sb3_noise`` (plain, acting with
+    the executor's noise: :class:`ExecutorNoise`) or ``auturi``
     (``auturi.wrap(model)``, online tuning, a fresh cache directory) or ``auturi_fixed``
     (``auturi.wrap(model, config=Config.serial(n_envs))``)."""
     import numpy as np
@@ -163,7 +231,11 @@ def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: 
             model = auturi.wrap(model, config=auturi.Config.serial(model.n_envs))
         try:
             t0 = time.perf_counter()
-            model.learn(steps, callback=log)
+            if kind == "sb3_noise":
+                with ExecutorNoise(model, seed):
+                    model.learn(steps, callback=log)
+            else:
+                model.learn(steps, callback=log)
             out["seconds"] = time.perf_counter() - t0
             if kind == "auturi":
                 tuner = model.auturi.tuner
@@ -211,18 +283,18 @@ def paired(runs: list[dict[str, Any]], metric: str, kind: str, versus: str) -> d
 
 
 def summarize_task(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per metric: auturi against sb3; with the control, against sb3_cut; with --fixed,
-    auturi_fixed against sb3."""
+    """Per metric: auturi against sb3, and each optional kind that ran against the main
+    kind of :data:`EXTRA` (``sb3_cut`` and ``sb3_noise`` against auturi, ``auturi_fixed``
+    against sb3): its mean and SD under its name, the paired difference under ``<kind>_diff``."""
     out: dict[str, Any] = {}
     for metric in METRICS:
         out[metric] = paired(runs, metric, "auturi", "sb3")
-        # (kind, versus, the side not in the main columns, where the difference goes)
-        for kind, versus, extra, key in (("auturi", "sb3_cut", "sb3_cut", "vs_sb3_cut"),
-                                         ("auturi_fixed", "sb3", "auturi_fixed", "fixed_vs_sb3")):
-            p = paired(runs, metric, kind, versus)
+        for kind, versus, _ in EXTRA:
+            # "fixed - SB3", else "auturi - that"
+            p = paired(runs, metric, kind, versus) if kind == "auturi_fixed" else paired(runs, metric, versus, kind)
             if p is not None:
-                out[metric][extra] = p[extra]
-                out[metric][key] = {k: p[k] for k in ("diff", "se", "beyond_noise")}
+                out[metric][kind] = p[kind]
+                out[metric][kind + "_diff"] = {k: p[k] for k in ("diff", "se", "beyond_noise")}
     return out
 
 
@@ -235,15 +307,11 @@ def _diff(d: dict[str, Any]) -> str:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    control = any(r["kind"] == "sb3_cut" for r in res["runs"])
-    fixed = any(r["kind"] == "auturi_fixed" for r in res["runs"])
+    extra = [(k, v, title) for k, v, title in EXTRA if any(r["kind"] == k for r in res["runs"])]
     head = "| task | steps | metric | SB3 | auturi | auturi - SB3 ± SE |"
     rule = "|---|---:|---|---:|---:|---:|"
-    if control:
-        head += " SB3 with auturi's cuts | auturi - that ± SE |"
-        rule += "---:|---:|"
-    if fixed:
-        head += " auturi fixed serial | fixed - SB3 ± SE |"
+    for kind, versus, title in extra:
+        head += f" {title} | {'fixed - SB3' if kind == 'auturi_fixed' else 'auturi - that'} ± SE |"
         rule += "---:|---:|"
     lines = ["# Learning parity: plain SB3 vs auturi.wrap(model) (online tuning)", "",
              f"`{res['command']}`  ", f"{res['machine']}; {res['seconds'] / 60:.1f} min", "",
@@ -252,10 +320,8 @@ def markdown(res: dict[str, Any]) -> str:
         for metric in METRICS:
             m = s[metric]
             row = f"| {task} | {res['steps'][task]} | {metric} | {_pm(m['sb3'])} | {_pm(m['auturi'])} | {_diff(m)} |"
-            if control:
-                row += f" {_pm(m['sb3_cut'])} | {_diff(m['vs_sb3_cut'])} |"
-            if fixed:
-                row += f" {_pm(m['auturi_fixed'])} | {_diff(m['fixed_vs_sb3'])} |"
+            for kind, _, _ in extra:
+                row += f" {_pm(m[kind])} | {_diff(m[kind + '_diff'])} |" if kind in m else " | |"
             lines.append(row)
     lines += ["", "Per run:", "", "| task | seed | kind | final_return | eval_return | episodes | cut | reconfigures | "
               "tuner | seconds |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
@@ -269,41 +335,80 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _run_all(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    seeds = args.seeds or (2 if args.quick else 5)
+    kinds = KINDS + tuple(k for k, flag in (("sb3_cut", args.control), ("auturi_fixed", args.fixed),
+                                            ("sb3_noise", args.noise)) if flag)
+    for task in args.tasks:
+        for seed in range(args.first_seed, args.first_seed + seeds):
+            cuts: tuple[int, ...] = ()
+            for kind in kinds:  # alternated: a drift of the machine hits every kind alike
+                r = run(task, seed, kind, res["steps"][task], args.last, restart_before=cuts)
+                cuts = tuple(r["cut_rollouts"]) if kind == "auturi" else cuts
+                res["runs"].append(r)
+                print(f"{task} seed {seed} {kind:9s}: final {r['final_return']:7.1f}  eval {r['eval_return']:7.1f}  "
+                      f"episodes {r['episodes']:4d}  cut {r['cut']:3d}  reconfigures {r['reconfigures']:2d}  "
+                      f"{r['seconds']:5.1f}s {r.get('final_layout', '')} {r.get('tuner_phase') or ''}", flush=True)
+
+
+def _merged(paths: list[str], command: str) -> dict[str, Any]:
+    """The runs of several results files as one result (the first file's machine line; a
+    task's steps must agree, a (task, seed, kind) must not repeat)."""
+    res: dict[str, Any] = {"command": command, "runs": [], "steps": {}, "seconds": 0.0}
+    seen: set[tuple[str, int, str]] = set()
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        res.setdefault("machine", part["machine"])
+        res.setdefault("last", part["last"])
+        for task, n in part["steps"].items():
+            if res["steps"].setdefault(task, n) != n:
+                raise SystemExit(f"{path}: {task} ran {n} steps, an earlier file {res['steps'][task]}; merge runs "
+                                 f"of the same length only")
+        for r in part["runs"]:
+            key = (r["task"], r["seed"], r["kind"])
+            if key in seen:
+                raise SystemExit(f"{path}: {key} is in an earlier file too; merge disjoint seed ranges")
+            seen.add(key)
+            res["runs"].append(r)
+        res["seconds"] += part["seconds"]
+    return res
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 seeds, short runs (< 3 min)")
     ap.add_argument("--control", action="store_true", help="also plain SB3 with the wrapped run's cuts (sb3_cut)")
     ap.add_argument("--fixed", action="store_true", help="also auturi.wrap(model, config=serial) (auturi_fixed)")
+    ap.add_argument("--noise", action="store_true", help="also plain SB3 acting with auturi's noise (sb3_noise)")
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
-    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5, --quick 2)")
+    ap.add_argument("--seeds", type=int, default=None, help="how many seeds (default 5, --quick 2)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--steps", type=int, default=None, help="learn steps for every task (default: per task)")
     ap.add_argument("--last", type=int, default=20, help="final_return averages this many last episodes")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="summarize these results files' runs together "
+                    "instead of running (needs --name)")
+    ap.add_argument("--name", default=None, help="output file stem (default parity, --quick parity_quick)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
-    import stable_baselines3  # noqa: F401  (listed in the machine header)
-    import torch  # noqa: F401
+    command = "python -m bench.parity " + " ".join(sys.argv[1:] if argv is None else argv)
+    name = args.name or ("parity_quick" if args.quick else "parity")
+    if args.merge:
+        if not args.name:
+            ap.error("--merge needs --name: it must not overwrite the files it reads")
+        res = _merged(args.merge, command)
+    else:
+        import stable_baselines3  # noqa: F401  (listed in the machine header)
+        import torch  # noqa: F401
 
-    seeds = args.seeds or (2 if args.quick else 5)
-    steps = {t: args.steps or TASKS[t]["quick_steps" if args.quick else "steps"] for t in args.tasks}
-    res: dict[str, Any] = {"machine": machine_header(), "last": args.last, "steps": steps,
-                           "command": "python -m bench.parity " + " ".join(sys.argv[1:] if argv is None else argv),
-                           "runs": []}
-    print(res["machine"], flush=True)
-    t0 = time.perf_counter()
-    kinds = KINDS + (("sb3_cut",) if args.control else ()) + (("auturi_fixed",) if args.fixed else ())
-    for task in args.tasks:
-        for seed in range(seeds):
-            cuts: tuple[int, ...] = ()
-            for kind in kinds:  # alternated: a drift of the machine hits every kind alike
-                r = run(task, seed, kind, steps[task], args.last, restart_before=cuts)
-                cuts = tuple(r["cut_rollouts"]) if kind == "auturi" else cuts
-                res["runs"].append(r)
-                print(f"{task} seed {seed} {kind:7s}: final {r['final_return']:7.1f}  eval {r['eval_return']:7.1f}  "
-                      f"episodes {r['episodes']:4d}  cut {r['cut']:3d}  reconfigures {r['reconfigures']:2d}  "
-                      f"{r['seconds']:5.1f}s {r.get('final_layout', '')} {r.get('tuner_phase') or ''}", flush=True)
-    res["seconds"] = time.perf_counter() - t0
-    res["summary"] = {t: summarize_task([r for r in res["runs"] if r["task"] == t]) for t in args.tasks}
-    name = "parity_quick" if args.quick else "parity"
+        steps = {t: args.steps or TASKS[t]["quick_steps" if args.quick else "steps"] for t in args.tasks}
+        res = {"machine": machine_header(), "last": args.last, "steps": steps, "command": command, "runs": []}
+        print(res["machine"], flush=True)
+        t0 = time.perf_counter()
+        _run_all(args, res)
+        res["seconds"] = time.perf_counter() - t0
+    tasks = list(dict.fromkeys(r["task"] for r in res["runs"]))
+    res["summary"] = {t: summarize_task([r for r in res["runs"] if r["task"] == t]) for t in tasks}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(res, f, indent=1)
