@@ -80,6 +80,19 @@ class OnlineTuner(_Session):
             fraction of its cached throughput.
         profile_from_rollouts: the model's profile comes from the start layout's collects
             when that layout is in-process (False: profile the executor, as offline).
+
+    Example (the serial backend; training would use each rollout):
+        >>> from auturi import make_executor
+        >>> from auturi.envs import CountingEnv
+        >>> from auturi.policy import RandomPolicy
+        >>> ex = make_executor([CountingEnv] * 4, RandomPolicy(CountingEnv().action_space), num_envs=4,
+        ...                    backend="serial")
+        >>> tuner = OnlineTuner(ex, cache=False, budget_trials=2)
+        >>> for left in range(11, -1, -1):  # 12 collects in all: say how many remain after each
+        ...     rollout = tuner.collect(8, remaining_collects=left)
+        >>> rollout.num_steps, rollout.num_envs, tuner.phase
+        (8, 4, 'locked')
+        >>> ex.close()
     """
 
     mode = "online"
