@@ -3,15 +3,19 @@
 For each workload: run the CLI (``python -m auturi.cli tune``, a subprocess, as a user
 would) with a non-serial ``--start``; read the speed-ups it printed over serial and over the
 start config; then, in a fresh process, build the same env and policy, one executor per
-config (choice, start, serial), and measure them interleaved: each round one collect of
-each, after one warm-up collect each. The check passes when both re-measured ratios (medians
-of the samples) are within ``--tolerance`` (10%) of the printed ones.
+config (choice, start, serial), and measure them interleaved, after one warm-up collect
+each: each round one sample of each, taken as the CLI's confirm rounds take theirs (at least
+50 ms, and at least as many collects as the CLI's confirm used for that config, more if the
+spread seen here calls for more: :func:`auturi.tuner.measure.collects_per_sample`), so both
+estimate the same quantity (the median of samples long enough to hold the rare slow steps).
+The check passes when both re-measured ratios (medians of the samples) are within
+``--tolerance`` (10%) of the printed ones.
 
 Workloads, of different kinds: ``cartpole`` (a cheap classic env: IPC dominates),
 ``slow`` (SlowEnv, ~1 ms per step: parallel envs pay), ``heavytail`` (HeavyTailEnv, rare
 50x steps: the samples have outliers).
 
-Run: python -m bench.cli_check [--workloads cartpole slow heavytail] [--budget 15] [--rounds 7]
+Run: python -m bench.cli_check [--workloads cartpole slow heavytail] [--budget 20] [--rounds 7]
 [--out bench/results/cli_check.json]. Exit status 1 when a check fails.
 """
 from __future__ import annotations
@@ -57,13 +61,14 @@ def run_cli(name: str, budget: float, out_dir: Path) -> dict:
             "printed_vs_start": float(sta.group(1)) if sta else None}
 
 
-def remeasure(name: str, configs: dict, rounds: int) -> dict[str, list[float]]:
+def remeasure(name: str, configs: dict, rounds: int, collects: dict | None = None) -> dict[str, list[float]]:
     """Fresh executors for ``configs`` (name -> Config dict), measured interleaved: each
-    round one sample of each, collects back to back for at least 50 ms as the tuner's offline
-    samples are (after one warm-up collect each)."""
+    round one sample of each (after one warm-up collect each), taken as the tuner's confirm
+    rounds take theirs: collects back to back for at least 50 ms and at least ``collects[name]``
+    of them, more once the spread of the collects seen here calls for more."""
     import auturi
     from auturi.cli import _probe_spaces, build_policy, resolve_env_spec
-    from auturi.tuner.measure import sample_throughput
+    from auturi.tuner.measure import collects_per_sample, sample_throughput
     from bench.common import interleave
 
     env, n, steps, _ = WORKLOADS[name]
@@ -77,9 +82,16 @@ def remeasure(name: str, configs: dict, rounds: int) -> dict[str, list[float]]:
             ex = auturi.make_executor(env_obj, policy, n, auturi.Config.from_dict(cfg), backend="shm", seed=0)
             executors[key] = ex
             ex.collect(steps)  # warm-up
-        # Each sample as the tuner takes one offline: collects back to back for at least 50 ms.
-        return interleave(executors, rounds,
-                          lambda key, ex: sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter))
+        seen: dict[str, list[float]] = {key: [] for key in executors}
+        length = {key: int((collects or {}).get(key, 1)) for key in executors}
+
+        def sample(key, ex):
+            length[key] = max(length[key], collects_per_sample(seen[key]))  # as the confirm rounds grow theirs
+            return sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter, min_collects=length[key],
+                                     collect_rates=seen[key])
+
+        samples = interleave(executors, rounds, sample)
+        return {**samples, "_collects_per_sample": length}
     finally:
         for ex in executors.values():
             ex.close()
@@ -97,19 +109,23 @@ def check(name: str, budget: float, rounds: int, tolerance: float, out_dir: Path
         if cfg not in unique.values():
             unique[key] = cfg
     # In a fresh process: nothing of the CLI's (imports, forkservers, caches) carries over.
+    lengths = confirm_lengths(rec)
+    collects = {key: lengths.get(_label(cfg), 1) for key, cfg in unique.items()}
     code = ("import json, sys; from bench.cli_check import remeasure; "
-            f"print(json.dumps(remeasure({name!r}, json.loads(sys.argv[1]), {rounds})))")
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(unique)], cwd=REPO, capture_output=True,
-                          text=True, check=False)
+            f"print(json.dumps(remeasure({name!r}, json.loads(sys.argv[1]), {rounds}, json.loads(sys.argv[2]))))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(unique), json.dumps(collects)], cwd=REPO,
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"re-measure of {name} failed: {proc.stderr[-2000:]}")
     samples = json.loads(proc.stdout.strip().splitlines()[-1])
+    remeasure_collects = samples.pop("_collects_per_sample")
     med = {key: statistics.median(samples[next(k for k, c in unique.items() if c == cfg)])
            for key, cfg in configs.items()}
     row = {"workload": name, "choice": rec["choice"]["config"], "start": rec["start"],
            "printed_vs_serial": cli["printed_vs_serial"], "printed_vs_start": cli["printed_vs_start"],
            "remeasured_vs_serial": med["choice"] / med["serial"], "remeasured_vs_start": med["choice"] / med["start"],
-           "medians": med, "samples": samples, "cli_wall_seconds": cli["wall_seconds"],
+           "medians": med, "samples": samples, "cli_collects_per_sample": collects,
+           "remeasure_collects_per_sample": remeasure_collects, "cli_wall_seconds": cli["wall_seconds"],
            "startup": rec.get("startup"), "tune_seconds": rec.get("seconds"), "command": cli["command"],
            "cli_stdout": cli["stdout"]}
     for k in ("serial", "start"):
@@ -120,6 +136,19 @@ def check(name: str, budget: float, rounds: int, tolerance: float, out_dir: Path
     row["ok"] = all(row[f"diff_vs_{k}"] is not None and abs(row[f"diff_vs_{k}"]) <= tolerance
                     for k in ("serial", "start"))
     return row
+
+
+def _label(cfg: dict) -> str:
+    from auturi import Config
+
+    return str(Config.from_dict(cfg))
+
+
+def confirm_lengths(rec: dict) -> dict[str, int]:
+    """Collects per sample of each config in the CLI's confirm rounds (by the config's text),
+    as its record keeps them."""
+    return {_label(t["config"]): int(t.get("collects_per_sample", 1)) for t in rec.get("final", [])
+            if t.get("source") == "confirm"}
 
 
 def table(rows: list[dict]) -> str:
@@ -146,7 +175,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    ap.add_argument("--budget", type=float, default=15.0, help="--budget-seconds of each auturi tune run")
+    ap.add_argument("--budget", type=float, default=20.0, help="--budget-seconds of each auturi tune run")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the re-measure")
     ap.add_argument("--tolerance", type=float, default=0.10)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cli_check.json")

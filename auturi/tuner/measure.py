@@ -461,7 +461,7 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
     has ``budget_min_samples`` samples and another round as long as the last would end past
     ``deadline`` (``budget``). A sample of config ``c`` is at least ``min_collects[c]``
     collects (default 1) and the protocol's ``min_sample_seconds``; with ``resize``, before
-    each visit, more when the collects seen so far in these rounds call for more
+    each sample, more when the collects seen so far in these rounds call for more
     (:func:`collects_per_sample`: a rare slow collect may show only here).
     Returns one trial per config (source ``source``), in the given order.
     """
@@ -472,10 +472,8 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
     for r in range(max_rounds):
         r0 = clock()
         for tr in (trials if r % 2 == 0 else trials[::-1]):
-            if resize:
-                tr.collects_per_sample = max(tr.collects_per_sample, collects_per_sample(tr.collect_rates))
             _visit(executor, tr, num_steps, p.warmup_collects if tr is not last else 0, samples_per_round,
-                   clock, on_sample, p.min_sample_seconds)
+                   clock, on_sample, p.min_sample_seconds, resize)
             last = tr
         live = [t for t in trials if t.status != "invalid"]
         if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.estimate for t in live):
@@ -497,8 +495,10 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
 
 
 def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, clock: Callable[[], float],
-           on_sample: Callable[[Trial, float], None] | None, min_sample_seconds: float = 0.0) -> None:
-    """One visit of the interleaved re-measure: reconfigure, warm up, measure."""
+           on_sample: Callable[[Trial, float], None] | None, min_sample_seconds: float = 0.0,
+           resize: bool = False) -> None:
+    """One visit of the interleaved re-measure: reconfigure, warm up, measure (with
+    ``resize``, each sample as long as the collects seen so far call for)."""
     if tr.status == "invalid":
         return
     s0 = clock()
@@ -509,6 +509,8 @@ def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, 
             c0 = clock()
             tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0, steps))
         for _ in range(samples):
+            if resize:
+                tr.collects_per_sample = max(tr.collects_per_sample, collects_per_sample(tr.collect_rates))
             sps = sample_throughput(executor, num_steps, steps, min_sample_seconds, clock,
                                     min_collects=tr.collects_per_sample, collect_rates=tr.collect_rates)
             tr.samples.append(sps)
