@@ -1,9 +1,16 @@
 """What the SB3 and RLlib faces share: the tuner's budget argument, the backends a face
-accepts and the executor's stuck-worker bound."""
+accepts and the executor's stuck-worker bound, seed resolution, the assembly of the executor,
+the online tuner and the status server (:func:`build_collector`), and the handle base
+(:class:`FaceHandle`) a face attaches to what it wraps."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from auturi.config import Config
 
 FACE_BACKENDS = ("shm", "serial")
 """Backends ``auturi.wrap`` runs on. The ``ray`` backend runs through
@@ -42,3 +49,150 @@ def check_face_options(backend: Any, worker_timeout: Any) -> None:
                 "auturi.make_executor(env, policy, num_envs, backend='ray', address=...))") if backend == "ray" else ""
         raise ValueError(f"backend must be one of {FACE_BACKENDS} for auturi.wrap, got {backend!r}{hint}")
     resolve_worker_timeout(worker_timeout)
+
+
+def resolve_seed(*candidates: Any) -> int:
+    """The first candidate that is not ``None`` (the user's ``seed=``, then what the framework
+    holds), else a random one; env ``i`` is seeded ``seed + i``, so it must be >= 0.
+
+    >>> resolve_seed(None, 7, 3)
+    7
+    """
+    seed = next((c for c in candidates if c is not None), None)
+    if seed is None:
+        seed = int(np.random.randint(0, 2**31 - 1))
+    seed = int(seed)
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0 for auturi (env i is seeded seed + i), got {seed}")
+    return seed
+
+
+def remaining_collects(steps_left: int, steps_per_collect: int) -> int | None:
+    """Collects still to come after this one when ``steps_left`` env steps remain (``None``:
+    unknown). The online tuner moves only where a move pays back within them.
+
+    >>> remaining_collects(100, 10), remaining_collects(0, 10)
+    (9, None)
+    """
+    if steps_left <= 0:
+        return None
+    return max(0, -(-int(steps_left) // max(1, int(steps_per_collect))) - 1)
+
+
+@dataclass
+class Collector:
+    """What a face builds to collect: the executor, the online tuner (``None`` for a fixed
+    config) and, with ``status_port``, the status snapshot and server."""
+
+    executor: Any
+    tuner: Any = None
+    snapshot: Any = None
+    server: Any = None
+
+
+def build_collector(env_fns: Sequence[Any], policy: Any, num_envs: int, *, config: Config | None, tune: bool,
+                    strategy: str, budget: Any, backend: str, seed: int, worker_timeout: float | None,
+                    workload: Mapping[str, Any], status_port: int | None = None,
+                    verbose: bool = False) -> Collector:
+    """The executor (on ``config``, else the serial layout), the online tuner when ``tune``
+    and no ``config``, and the status server on ``status_port``. On any failure everything
+    already started is ended before the error propagates."""
+    from auturi.executor import make_executor
+    from auturi.tuner import OnlineTuner
+
+    start = config or Config.serial(num_envs)
+    executor = make_executor(list(env_fns), policy, num_envs=num_envs, config=start, backend=backend, seed=seed,
+                             worker_timeout=worker_timeout)
+    out = Collector(executor)
+    try:
+        tkw = tuner_kwargs(budget)
+        tuned = tune and config is None
+        if status_port is not None:
+            out.snapshot = _status_snapshot()
+            if tuned:
+                user_cb = tkw.pop("callback", None)
+                tkw["callback"] = out.snapshot if user_cb is None else _both(out.snapshot, user_cb)
+        if tuned:
+            out.tuner = OnlineTuner(executor, strategy=strategy, seed=seed, workload=dict(workload), **tkw)
+        if out.snapshot is not None:
+            out.server = start_status_server(out.snapshot, out.tuner, start, status_port, verbose)
+    except BaseException:
+        executor.close()
+        raise
+    return out
+
+
+def start_status_server(snapshot: Any, tuner: Any, start: Config, port: int, verbose: bool) -> Any:
+    """Serve ``snapshot`` on loopback ``port`` (0: a free one), following ``tuner`` or showing
+    the fixed ``start`` config."""
+    if tuner is not None:
+        snapshot.attach(tuner)
+        snapshot.refresh()
+    else:
+        snapshot.update(status={"phase": "locked", "mode": "fixed", "current_config": start.to_dict(), "trials": 0})
+    from auturi.server import StatusServer
+
+    server = StatusServer(snapshot, port=int(port))
+    url = server.start()
+    if verbose:
+        print(f"auturi: status at {url}")
+    return server
+
+
+class FaceHandle:
+    """What a face attaches to the trained object (``model.auturi``): the executor, the optional
+    online tuner, the status server and the last collect's stats. ``close()`` ends the workers
+    and the server; it is idempotent."""
+
+    def __init__(self, collector: Collector, seed: int):
+        self.executor = collector.executor
+        self.tuner = collector.tuner
+        self.snapshot = collector.snapshot  # auturi.server.StatusSnapshot, with status_port
+        self.server = collector.server      # auturi.server.StatusServer, with status_port
+        self.seed = seed
+        self.last_stats: Any = None
+        self.collects = 0
+
+    @property
+    def config(self) -> Config:
+        return self.executor.config
+
+    def collect_rollout(self, num_steps: int, remaining: int | None = None) -> Any:
+        """One collect of ``num_steps`` per env, through the tuner when there is one
+        (``remaining``: collects still to come in this training run, or ``None``)."""
+        if self.tuner is not None:
+            rollout = self.tuner.collect(num_steps, remaining_collects=remaining)
+        else:
+            rollout = self.executor.collect(num_steps)
+        self.collects += 1
+        self.last_stats = rollout.stats
+        if self.snapshot is not None:
+            update = {"throughput_now": rollout.stats.steps_per_second}
+            if self.tuner is None:
+                update["current_config"] = self.executor.config.to_dict()
+            self.snapshot.update(**update)
+        return rollout
+
+    def close(self) -> None:
+        """End the workers (and the status server). Idempotent."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        self.executor.close()
+
+
+def _status_snapshot() -> Any:
+    try:
+        from auturi.server import StatusSnapshot
+    except ImportError as exc:
+        raise ImportError(f"status_port needs the status endpoint's dependencies ({exc}): "
+                          f"pip install 'auturi[server]', or omit status_port") from exc
+    return StatusSnapshot()
+
+
+def _both(first: Callable[[Any], None], second: Callable[[Any], None]) -> Callable[[Any], None]:
+    def call(event: Any) -> None:
+        first(event)
+        second(event)
+
+    return call

@@ -1,0 +1,213 @@
+"""The SB3 face's policy side: :class:`SB3PolicyAdapter` runs an SB3 ``ActorCriticPolicy``
+(PPO, A2C) in the executor's replicas, sampling from the executor's per-env noise.
+
+Nothing here imports torch or SB3 at import time: env workers unpickle the adapter too.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.sampling import categorical_from_uniform, normal_from_uniform
+
+STATE_PREFIX = "auturi."  # keys of the state that carry VecNormalize statistics, not weights
+
+
+class NoOptimizer:
+    """Stands in for SB3's optimizer in the adapter's copies of the network, which never
+    train: building Adam imports torch._dynamo on first use (~1.3 s and 800 modules, in each
+    replica process, or in the forkserver they fork from)."""
+
+    def __init__(self, params: Any, **kwargs: Any):
+        pass
+
+
+class ConstantSchedule:
+    """A picklable learning-rate schedule (replicas never train; the optimizer SB3 builds
+    needs one)."""
+
+    def __init__(self, value: float):
+        self.value = float(value)
+
+    def __call__(self, progress_remaining: float) -> float:
+        return self.value
+
+
+DISTRIBUTIONS = {
+    "CategoricalDistribution": "categorical",
+    "DiagGaussianDistribution": "gaussian",
+    "MultiCategoricalDistribution": "multicategorical",
+    "BernoulliDistribution": "bernoulli",
+}
+"""The SB3 action distributions the on-policy adapter samples (class name -> kind)."""
+
+
+class SB3PolicyAdapter:
+    """An auturi :class:`~auturi.policy.Policy` that runs an SB3 ``ActorCriticPolicy``.
+
+    Replicas rebuild the network from ``policy_class(observation_space, action_space,
+    lr_schedule, **policy_kwargs)`` (kept pickled, so unpickling this object in an env worker
+    imports neither torch nor SB3) and load the state the executor publishes: the weights,
+    plus ``auturi.obs_mean`` / ``auturi.obs_var`` when ``VecNormalize`` statistics travel too.
+
+    ``act`` does SB3's forward pass (``obs_to_tensor``, features, latents, value, action
+    distribution) but samples from the executor's noise: inverse CDF for Categorical (and
+    each part of MultiCategorical), ``u < p`` for Bernoulli, ``mean + std * ndtri(u)`` for
+    DiagGaussian. Box actions come back clipped to the action space (what the env gets) and
+    unclipped in the extra ``raw_actions`` (what SB3 stores). Extras: ``values``,
+    ``log_probs``.
+    """
+
+    # Imported once in the forkserver replicas fork from, not in each replica process.
+    preload_modules = ("stable_baselines3.common.policies",)
+
+    def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
+                 policy_kwargs: Mapping[str, Any], distribution: str, *, learning_rate: float = 0.0,
+                 deterministic: bool = False, normalize: Mapping[str, float] | None = None,
+                 device: str = "cpu"):
+        import cloudpickle
+
+        if distribution not in DISTRIBUTIONS:
+            raise NotImplementedError(
+                f"auturi.wrap supports SB3 policies whose action distribution is one of "
+                f"{sorted(DISTRIBUTIONS)}; this policy uses {distribution}")
+        self._blob = cloudpickle.dumps((policy_class, observation_space, action_space, dict(policy_kwargs),
+                                        float(learning_rate)))
+        self.kind = DISTRIBUTIONS[distribution]
+        self.action_space = action_space
+        self.deterministic = bool(deterministic)
+        self.normalize = dict(normalize) if normalize else None  # {"epsilon", "clip_obs"}
+        self.device = device
+        if self.deterministic:
+            self.noise_dim = 0
+        elif self.kind == "categorical":
+            self.noise_dim = 1
+        elif self.kind == "multicategorical":
+            self.noise_dim = len(action_space.nvec)
+        else:
+            self.noise_dim = int(np.prod(action_space.shape))
+        if isinstance(action_space, gym.spaces.Box):
+            self._low, self._high = action_space.low, action_space.high
+        self._net = None
+        self._obs_mean: np.ndarray | None = None
+        self._obs_var: np.ndarray | None = None
+
+    @staticmethod
+    def state_of(model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
+        """The state to publish before a collect (see :func:`policy_state`)."""
+        return policy_state(model, vecnorm)
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_net"] = None  # replicas build their own and load the published state
+        return d
+
+    @property
+    def net(self):
+        if self._net is None:
+            import cloudpickle
+            import torch
+
+            policy_class, obs_space, act_space, kwargs, lr = cloudpickle.loads(self._blob)
+            # Building draws initial weights: keep the caller's torch RNG stream untouched.
+            with torch.random.fork_rng(devices=[]):
+                net = policy_class(obs_space, act_space, ConstantSchedule(lr),
+                                   **{**kwargs, "optimizer_class": NoOptimizer})
+            net.set_training_mode(False)
+            self._net = net.to(torch.device(self.device))
+        return self._net
+
+    def to(self, device: str) -> None:
+        """Move to ``device``. Builds the network now if needed: the executor calls this
+        once in each replica while it starts, so torch and SB3 load during the reconfigure
+        (in parallel across workers) rather than in the first collect."""
+        import torch
+
+        self.device = device
+        if self._net is not None:
+            self._net.to(torch.device(device))
+        else:
+            self.net  # noqa: B018 - builds on self.device
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        state = {k: v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items()}
+        if self._obs_mean is not None:
+            state[STATE_PREFIX + "obs_mean"] = self._obs_mean.copy()
+            state[STATE_PREFIX + "obs_var"] = self._obs_var.copy()
+        return state
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        import torch
+
+        self.load_obs_stats(state)
+        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()
+                                  if not k.startswith(STATE_PREFIX)})
+
+    def load_obs_stats(self, state: Mapping[str, Any]) -> None:
+        """Take the VecNormalize statistics of ``state`` (if it has them), not its weights."""
+        if STATE_PREFIX + "obs_mean" in state:
+            self._obs_mean = np.array(state[STATE_PREFIX + "obs_mean"], dtype=np.float64)
+            self._obs_var = np.array(state[STATE_PREFIX + "obs_var"], dtype=np.float64)
+
+    def normalize_obs(self, obs: np.ndarray) -> np.ndarray:
+        """VecNormalize's ``normalize_obs`` with the shipped statistics (identity without)."""
+        if self.normalize is None or self._obs_mean is None:
+            return obs
+        n = self.normalize
+        return np.clip((obs - self._obs_mean) / np.sqrt(self._obs_var + n["epsilon"]),
+                       -n["clip_obs"], n["clip_obs"]).astype(np.float32)
+
+    def act(self, obs: np.ndarray, noise: np.ndarray):
+        import torch
+
+        net = self.net
+        with torch.no_grad():
+            obs_t = net.obs_to_tensor(self.normalize_obs(obs))[0]
+            features = net.extract_features(obs_t)
+            if net.share_features_extractor:
+                latent_pi, latent_vf = net.mlp_extractor(features)
+            else:
+                pi_features, vf_features = features
+                latent_pi = net.mlp_extractor.forward_actor(pi_features)
+                latent_vf = net.mlp_extractor.forward_critic(vf_features)
+            values = net.value_net(latent_vf)
+            dist = net._get_action_dist_from_latent(latent_pi)
+            if self.deterministic:
+                a = dist.get_actions(deterministic=True)
+            else:
+                a = self._sample(dist, torch.as_tensor(np.ascontiguousarray(noise), device=values.device))
+            log_prob = dist.log_prob(a)
+            a = a.reshape((-1, *self.action_space.shape))
+            actions = a.cpu().numpy()
+            extras = {"values": values.reshape(-1).float().cpu().numpy(),
+                      "log_probs": log_prob.reshape(-1).float().cpu().numpy()}
+        if isinstance(self.action_space, gym.spaces.Box):
+            extras["raw_actions"] = actions
+            return np.clip(actions, self._low, self._high), extras
+        return actions, extras
+
+    def _sample(self, dist: Any, u: Any):
+        import torch
+
+        if self.kind == "categorical":
+            return categorical_from_uniform(dist.distribution.probs, u[:, 0])
+        if self.kind == "multicategorical":
+            return torch.stack([categorical_from_uniform(d.probs, u[:, j]) for j, d in enumerate(dist.distribution)],
+                               dim=1)
+        if self.kind == "bernoulli":
+            return (u < dist.distribution.probs).to(dist.distribution.probs.dtype)
+        normal = dist.distribution
+        return normal_from_uniform(normal.mean, normal.stddev, u)
+
+
+
+def policy_state(model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
+    """What the replicas load: the policy's weights and, with VecNormalize, its observation statistics."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.policy.state_dict().items()}
+    if vecnorm is not None and vecnorm.norm_obs:
+        state[STATE_PREFIX + "obs_mean"] = np.asarray(vecnorm.obs_rms.mean, dtype=np.float64)
+        state[STATE_PREFIX + "obs_var"] = np.asarray(vecnorm.obs_rms.var, dtype=np.float64)
+    return state

@@ -1,0 +1,212 @@
+"""``auturi.wrap(model)`` for SB3: :func:`wrap_sb3` checks the model, recovers its envs
+(:mod:`.envs`), builds the policy adapter (:mod:`.policy`), the executor and the online tuner
+(:func:`auturi.adapters.common.build_collector`), and replaces the instance's
+``collect_rollouts`` with the on-policy (:mod:`.on_policy`) or off-policy (:mod:`.off_policy`)
+replay; :func:`unwrap_sb3` undoes it."""
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.adapters.common import build_collector, check_face_options, resolve_seed
+from auturi.adapters.sb3.envs import (
+    ENV_FN_HINT,
+    EnvFactory,
+    EnvRebuildError,
+    factories_from_vecenv,
+    same_space,
+    split_vec_wrappers,
+)
+from auturi.adapters.sb3.handle import SB3Handle
+from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
+from auturi.config import Config
+from auturi.errors import AuturiError
+
+PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")
+"""What wrap_sb3 sets on the instance (and unwrap_sb3 removes); never saved with the model."""
+
+
+def _excluded_save_params(self: Any) -> list[str]:
+    return [*type(self)._excluded_save_params(self), *PATCHED]
+
+
+def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
+             budget: Any = None, backend: str = "shm", status_port: int | None = None,
+             env_fn: Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]] | None = None,
+             seed: int | None = None, deterministic: bool = False, worker_timeout: float | None = None) -> Any:
+    """Make ``model.learn()`` collect its experience through an Auturi executor.
+
+    Returns the same ``model`` object. ``learn``, ``save``, ``load``, ``predict``, callbacks,
+    the progress bar and the logger keep working; the rollout buffer (on-policy) or replay
+    buffer (off-policy) gets what SB3's own loop would put there (see ``docs/adapters.md`` for
+    the few differences).
+
+    Args:
+        model: a ``stable_baselines3`` ``PPO`` or ``A2C`` (any ``OnPolicyAlgorithm`` that keeps
+            SB3's ``collect_rollouts`` and an ``ActorCriticPolicy``), or ``SAC``, ``TD3``,
+            ``DDPG``, ``DQN`` (any ``OffPolicyAlgorithm`` that keeps SB3's ``collect_rollouts``,
+            e.g. sb3-contrib's TQC and QR-DQN), with an env.
+        config: a fixed :class:`~auturi.Config` (its total envs must be ``model.n_envs``); no
+            tuning then.
+        tune: without ``config``, tune the layout online with
+            :class:`auturi.tuner.OnlineTuner` (each rollout is one measurement; nothing is
+            wasted). ``False``: run ``Config.serial(n_envs)``.
+        strategy: the tuner's search strategy (``"model"``, ``"grid"``, ``"optuna"``).
+        budget: the tuner's budget: an int (configs to measure), a float (seconds) or a dict
+            of :class:`~auturi.tuner.OnlineTuner` keyword arguments.
+        backend: ``"shm"`` (processes and shared memory) or ``"serial"``.
+        status_port: serve the status (tuner trials, throughput, config) over HTTP on this
+            loopback port (``auturi.server``; 0 picks a free one, see ``model.auturi.server.url``).
+        env_fn: a zero-argument callable returning one ``gymnasium.Env`` as the model's
+            VecEnv builds each env (Monitor included, VecEnv wrappers excluded), or a list
+            of ``n_envs`` of them. Needed when the envs cannot be rebuilt from the model.
+        seed: env ``i`` is seeded ``seed + i`` and the exploration noise is keyed by it.
+            Default: ``model.seed``, else the VecEnv's pending seeds, else a random one.
+        deterministic: act with the mode of the action distribution (for tests/evaluation;
+            on-policy only: off-policy exploration is the algorithm's own).
+        worker_timeout: seconds a worker may go without progress (a stuck env step, a stopped
+            process) before ``learn`` raises :class:`~auturi.WorkerError` naming it with its
+            stack; ``None``: ``$AUTURI_WORKER_TIMEOUT``, else 60 s.
+
+    Raises:
+        NotImplementedError: HER, gSDE, unsupported VecEnv wrappers or action distributions.
+        EnvRebuildError: the envs cannot be rebuilt in another process and no ``env_fn``.
+    """
+    off_policy = _check_model(model)
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
+    check_face_options(backend, worker_timeout)
+    n = int(model.n_envs)
+    if config is not None and config.num_envs != n:
+        from auturi.errors import ConfigError
+
+        raise ConfigError("num_actors*envs_per_actor", config.num_envs, f"must equal the model's n_envs={n}")
+
+    base_venv, vec_layers, vecnorm = split_vec_wrappers(model.env)
+    factories = _env_factories(model, env_fn, base_venv, vec_layers, vecnorm)
+    raw_space = (vecnorm.venv if vecnorm is not None else model.env).observation_space
+    seeds = getattr(base_venv, "_seeds", None)
+    seed = resolve_seed(seed, getattr(model, "seed", None),
+                        int(seeds[0]) if seeds and isinstance(seeds[0], (int, np.integer)) else None)
+    if off_policy:
+        from auturi.adapters.sb3 import off_policy as replay
+
+        adapter = replay.make_adapter(model, vecnorm)
+    else:
+        from auturi.adapters.sb3 import on_policy as replay
+
+        adapter = _on_policy_adapter(model, vecnorm, deterministic)
+    adapter.load_state(adapter.state_of(model, vecnorm))
+
+    collector = build_collector(factories, adapter, n, config=config, tune=tune, strategy=strategy, budget=budget,
+                                backend=backend, seed=seed, worker_timeout=worker_timeout,
+                                workload={"sb3": type(model).__name__, "env": factories[0].name},
+                                status_port=status_port, verbose=model.verbose >= 1)
+    model.auturi = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space)
+    model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)
+    model._excluded_save_params = types.MethodType(_excluded_save_params, model)
+    return model
+
+
+def _check_model(model: Any) -> bool:
+    """Refuse, with the reason, what the face cannot run; ``True`` for an off-policy model."""
+    try:
+        from stable_baselines3.common.base_class import BaseAlgorithm
+        from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+        from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+    except ImportError as exc:  # pragma: no cover - SB3 is what the caller passed
+        raise ImportError("auturi.adapters.sb3 needs stable-baselines3: pip install stable-baselines3") from exc
+
+    if not isinstance(model, (OnPolicyAlgorithm, OffPolicyAlgorithm)):
+        what = "an SB3 algorithm" if isinstance(model, BaseAlgorithm) else "not an SB3 algorithm"
+        raise TypeError(f"auturi.wrap(model) expects a stable_baselines3 model (PPO or A2C on-policy; SAC, TD3, DDPG "
+                        f"or DQN off-policy); got "
+                        f"{type(model).__name__} ({what})")
+    if "auturi" in vars(model):
+        raise AuturiError("this model is already wrapped by auturi; call auturi.adapters.sb3.unwrap_sb3(model) first")
+    if isinstance(model, OffPolicyAlgorithm):
+        from auturi.adapters.sb3.off_policy import check_model
+
+        check_model(model)
+    else:
+        _check_on_policy(model, OnPolicyAlgorithm)
+    if isinstance(model.observation_space, gym.spaces.Dict):
+        raise NotImplementedError("Dict observation spaces are not supported by auturi.wrap yet")
+    if model.env is None:
+        raise AuturiError("the model has no env (loaded without env=?); call model.set_env(env) first")
+    return isinstance(model, OffPolicyAlgorithm)
+
+
+def _check_on_policy(model: Any, base: type) -> None:
+    from stable_baselines3.common.policies import ActorCriticPolicy
+
+    if type(model).collect_rollouts is not base.collect_rollouts:
+        raise NotImplementedError(f"{type(model).__name__} overrides collect_rollouts (e.g. recurrent or masked "
+                                  f"policies); auturi.wrap supports algorithms that use SB3's own loop (PPO, A2C)")
+    if model.use_sde:
+        raise NotImplementedError("gSDE (use_sde=True) is not supported by auturi.wrap yet: its exploration noise is "
+                                  "a per-env matrix resampled every sde_sample_freq steps. Train with use_sde=False")
+    if not isinstance(model.policy, ActorCriticPolicy):
+        raise NotImplementedError(f"auturi.wrap needs an ActorCriticPolicy, got {type(model.policy).__name__}")
+    if type(model.policy).forward is not ActorCriticPolicy.forward:
+        raise NotImplementedError(f"{type(model.policy).__name__} overrides forward(); auturi.wrap re-implements "
+                                  f"ActorCriticPolicy.forward to sample from its own noise, so it would not run it")
+    dist = type(model.policy.action_dist).__name__
+    if dist not in DISTRIBUTIONS:
+        raise NotImplementedError(f"auturi.wrap supports the action distributions {sorted(DISTRIBUTIONS)}; this "
+                                  f"policy uses {dist}")
+
+
+def _on_policy_adapter(model: Any, vecnorm: Any, deterministic: bool) -> SB3PolicyAdapter:
+    normalize = None
+    if vecnorm is not None and vecnorm.norm_obs:
+        normalize = {"epsilon": float(vecnorm.epsilon), "clip_obs": float(vecnorm.clip_obs)}
+    kwargs = dict(model.policy_kwargs)
+    kwargs["use_sde"] = False
+    return SB3PolicyAdapter(model.policy_class, model.observation_space, model.action_space, kwargs,
+                            type(model.policy.action_dist).__name__, learning_rate=float(model.lr_schedule(1)),
+                            deterministic=deterministic, normalize=normalize)
+
+
+def _env_factories(model: Any, env_fn: Any, base_venv: Any, vec_layers: list[tuple], vecnorm: Any) -> list[EnvFactory]:
+    """One recipe per env, from ``env_fn`` or recovered from the VecEnv, checked against the
+    model's spaces by building one."""
+    n = int(model.n_envs)
+    if env_fn is not None:
+        fns = list(env_fn) if isinstance(env_fn, Sequence) else [env_fn] * n
+        if len(fns) != n or not all(callable(f) for f in fns):
+            raise TypeError(f"env_fn must be a zero-argument callable returning a gymnasium.Env, or a list of "
+                            f"n_envs={n} of them")
+        factories = [EnvFactory(("fn", f), name=getattr(f, "__name__", "env_fn")) for f in fns]
+    else:
+        factories = factories_from_vecenv(base_venv)
+    factories = [f.with_layers(vec_layers) for f in factories]
+    raw_space = (vecnorm.venv if vecnorm is not None else model.env).observation_space
+    probe = factories[0]()
+    try:
+        if not isinstance(probe, gym.Env):
+            raise TypeError(f"the env factory returned {type(probe).__name__}, not a gymnasium.Env")
+        if not same_space(probe.observation_space, raw_space) or not same_space(probe.action_space,
+                                                                                model.action_space):
+            raise EnvRebuildError(
+                f"the rebuilt env does not match the model: observation space {probe.observation_space} vs "
+                f"{raw_space}, action space {probe.action_space} vs {model.action_space}. "
+                + ("Check env_fn: it must return the env as the VecEnv holds it, without VecEnv wrappers"
+                   if env_fn is not None else ENV_FN_HINT))
+    finally:
+        probe.close()
+    return factories
+
+
+def unwrap_sb3(model: Any) -> Any:
+    """Close the executor and give ``model`` back its own ``collect_rollouts``. Returns it."""
+    h = vars(model).get("auturi")
+    if h is not None:
+        h.close()
+    for name in PATCHED:
+        vars(model).pop(name, None)
+    return model
