@@ -13,6 +13,7 @@ envpool         EnvPool sync mode (``batch_size == num_envs``), C++ threads = co
 envpool_async   EnvPool async mode: ``batch_size = num_envs // 2``, policy on each batch
 auturi          :class:`AuturiRunner`: an Auturi ``shm`` executor with a given config
 rllib           :class:`bench.rllib_peer.RLlibRunner` (imports ray only when used)
+torchrl_*       :class:`bench.torchrl_peer.TorchRLRunner` (imports torchrl only when used)
 ==============  ==========================================================================
 
 Example:
@@ -140,6 +141,42 @@ class AuturiRunner:
         self.ex.close()
 
 
+class LimitProbe:
+    """The serial config (envs and policy in the caller, no IPC) on an Auturi ``serial``
+    executor, kept to estimate this machine's limit for a workload the way ``auturi tune``
+    does (:func:`auturi.tuner.api.machine_limit`): ``run`` is one collect, whose
+    :class:`~auturi.CollectStats` (env and inference seconds) are kept. Sampled in the same
+    interleaved rounds as the peers, so the limit and the throughputs share the machine's
+    state."""
+
+    kind = "limit"
+
+    def __init__(self, env: Any, policy: Any, num_envs: int, seed: int = 0, warmup_steps: int = 16):
+        import auturi
+
+        self.stats: list[Any] = []
+        self.ex = auturi.make_executor(env, policy, num_envs, config=auturi.Config.serial(num_envs),
+                                       backend="serial", seed=seed)
+        if warmup_steps:
+            self.ex.collect(warmup_steps)  # envs reset, first calls paid; not kept
+
+    def run(self, num_steps: int) -> float:
+        r = self.ex.collect(num_steps)
+        self.stats.append(r.stats)
+        return r.stats.steps / r.stats.seconds
+
+    def limit(self, cores: int | None = None, profile: dict | None = None) -> dict[str, Any]:
+        """:func:`auturi.tuner.api.machine_limit` of the kept collects on ``cores`` (default:
+        this process's usable cores), with the tuner's ``profile`` when given."""
+        from auturi.resources import usable_cores
+        from auturi.tuner.api import machine_limit
+
+        return machine_limit(self.stats, cores or usable_cores(), profile)
+
+    def close(self) -> None:
+        self.ex.close()
+
+
 def peer_unavailable(kind: str, workload: Any) -> str | None:
     """Why ``kind`` cannot run ``workload`` here, or None when it can."""
     import importlib.util
@@ -151,12 +188,21 @@ def peer_unavailable(kind: str, workload: Any) -> str | None:
             return f"EnvPool has no {workload.env_id}"
     if kind.startswith("rllib") and importlib.util.find_spec("ray") is None:
         return "ray[rllib] is not installed (pip install 'ray[rllib]')"
+    if kind.startswith("torchrl"):
+        from bench.torchrl_peer import unavailable
+
+        return unavailable()
     return None
 
 
 def make_workload_peer(kind: str, workload: Any, warmup_steps: int = 0, **kw: Any) -> Any:
-    """A runner of ``kind`` (one of :data:`PEERS`, or ``rllib``) on ``workload``, with a fresh
-    copy of the workload's policy. ``kw`` goes to :class:`bench.rllib_peer.RLlibRunner`."""
+    """A runner of ``kind`` (one of :data:`PEERS`, ``rllib`` or one of
+    :data:`bench.torchrl_peer.KINDS`) on ``workload``, with a fresh copy of the workload's
+    policy. ``kw`` goes to :class:`bench.rllib_peer.RLlibRunner`."""
+    if kind.startswith("torchrl"):
+        from bench.torchrl_peer import TorchRLRunner
+
+        return TorchRLRunner(kind, workload, warmup_steps=warmup_steps)
     if kind.startswith("rllib"):
         from bench.rllib_peer import RLlibRunner
 

@@ -31,7 +31,18 @@ PEER_TEXT = {
     "rllib_0": "RLlib `SingleAgentEnvRunner` in the caller (`num_env_runners=0`, all envs in one gymnasium "
                "`SyncVectorEnv`)",
     "rllib_2": "RLlib `EnvRunnerGroup`, `num_env_runners=2` Ray actors, `num_envs_per_env_runner = num_envs / 2`",
+    "torchrl_sync": "TorchRL `Collector` (`SyncDataCollector` before 0.14) over `ParallelEnv(W, SerialEnv(N / W))`, "
+                    "`W = min(cores, N)` processes, the policy batched in the caller",
+    "torchrl_multisync": "TorchRL `MultiSyncCollector`: `W = min(cores, N)` worker processes, each a collector over "
+                         "`SerialEnv(N / W)` with its own policy copy (1 torch thread each)",
+    "torchrl_async_batched": "TorchRL `AsyncBatchedCollector` (**async mode**: a batch need not hold equal steps of "
+                             "every env): `N` envs in a multiprocessing `AsyncEnvPool`, `N / W` per process, an "
+                             "`InferenceServer` thread batching up to `N` observations",
 }
+LIMIT_TEXT = ("Limit: this machine's ceiling for the workload as `auturi tune` estimates it "
+              "(`auturi.tuner.api.machine_limit`): cores x the single-env step rate of the serial config (envs and "
+              "policy in the caller, no IPC), capped by the best batched inference throughput (the tuner's profile "
+              "and the serial config's batch of all envs); the serial config ran in the same interleaved rounds.")
 
 
 def _rate(x: float) -> str:
@@ -85,9 +96,39 @@ def collect_md(res: dict, img: str | None) -> list[str]:
                          f"{row['best_peer']['auturi_tuned_vs']:.2f}x it." if "best_peer" in row else "")]
         if "fixed" in row:
             lines.append(f"Fixed config: {row['fixed']['source']}.")
+        lines += limit_lines(row)
         lines += _footer(row["skipped"], None, "") or [""]
+    lines += limit_table(c["workloads"])
     lines += ["Systems:", ""] + [f"- `{k}`: {v}" for k, v in PEER_TEXT.items()] + [""]
     return lines + _footer({f"workload {k}": why for k, why in c["skipped"].items()}, img, "collection throughput")
+
+
+def limit_lines(row: dict) -> list[str]:
+    """One workload's limit and the tuned choice's share of it (none when it was not measured)."""
+    lim = row.get("limit") or {}
+    if "limit_share" not in row:
+        return []
+    per_core = _rate(lim["env_steps_per_second"] / lim["cores"])
+    by = f"env-bound: {lim['cores']} cores x {per_core} steps/s" if lim.get("bound") == "env" else "inference-bound"
+    return [f"Limit: {_rate(lim['steps_per_second'])} steps/s ({by}); Auturi tuned reaches "
+            f"**{100 * row['limit_share']:.0f}%** of it."]
+
+
+def limit_table(rows: list[dict]) -> list[str]:
+    """Every workload's tuned throughput as a fraction of this machine's limit (issue 19)."""
+    rows = [r for r in rows if "limit_share" in r]
+    if not rows:
+        return []
+    lines = ["**How close to the limit**: " + LIMIT_TEXT, "",
+             "| workload | limit steps/s | bound | env limit | inference limit | Auturi tuned | share of limit |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lim = r["limit"]
+        inf = lim.get("inference_steps_per_second")
+        lines.append(f"| {r['workload']} | {_rate(lim['steps_per_second'])} | {lim['bound']} | "
+                     f"{_rate(lim['env_steps_per_second'])} | {_rate(inf) if inf else '-'} | "
+                     f"{_rate(r['peers']['auturi_tuned']['median'])} | {100 * r['limit_share']:.0f}% |")
+    return lines + [""]
 
 
 def e2e_md(res: dict, img: str | None) -> list[str]:
@@ -153,6 +194,11 @@ def targets_md(res: dict) -> list[str]:
             r = w["best_peer"]["auturi_tuned_vs"]
             rows.append(f"| Auturi's choice >= the best peer, {w['workload']} | {r:.2f}x {w['best_peer']['name']} | "
                         f"{verdict(r >= 1.0)} |")
+    for w in res.get("collect", {}).get("workloads", []):
+        if "limit_share" in w and w["limit"].get("bound") == "env":
+            x = w["limit_share"]
+            rows.append(f"| Auturi's choice >= 80% of the machine's limit (env-bound), {w['workload']} | "
+                        f"{100 * x:.0f}% | {verdict(x >= 0.8)} |")
     for r in res.get("envstep", {}).get("rows", []):
         if r["n"] >= 16 and "ratio_degreeN_vs_subproc" in r:
             x = r["ratio_degreeN_vs_subproc"]
@@ -165,7 +211,7 @@ def targets_md(res: dict) -> list[str]:
                             "see note |")
     if not rows:
         return []
-    return ["### Targets (issue 7), as ratios in this run", "",
+    return ["### Targets (issues 7 and 19), as ratios in this run", "",
             "| target | this run | |", "|---|---:|---|"] + rows + [
             "", "End-to-end, the target is faster than SB3 where collection is not serial-optimal and within noise "
                 "where it is; the collection table shows which case a workload is. Ratios from a busy machine or a "

@@ -6,8 +6,12 @@ collect   for each workload of :mod:`bench.workloads`: Auturi tuned (the default
           strategy, its choice re-measured on a fresh executor), Auturi's best fixed config
           (the grid's best from ``bench/results/tune_quality.json``), SB3 DummyVecEnv and
           SubprocVecEnv, gymnasium AsyncVectorEnv, EnvPool (sync and async) where EnvPool has
-          the env, RLlib EnvRunners (0 and 2 remote runners) where ray[rllib] is installed;
-          all with the workload's own policy network, interleaved within each round.
+          the env, RLlib EnvRunners (0 and 2 remote runners) where ray[rllib] is installed,
+          TorchRL's collectors (:mod:`bench.torchrl_peer`) where torchrl is installed; all
+          with the workload's own policy network, interleaved within each round. The serial
+          config runs in the same rounds (:class:`bench.peers.LimitProbe`, not a peer) for this
+          machine's limit for the workload, as ``auturi tune`` estimates it; the tuned choice's
+          median is reported as a fraction of it.
 e2e       wall seconds of PPO ``learn`` for a fixed number of steps: SB3's default against
           ``auturi.wrap(model)`` (online tuning inside the run) and
           ``auturi.wrap(model, config=<the collect section's tuned choice>)``.
@@ -70,6 +74,8 @@ class Sizing:
     """One sample = this many back-to-back collects (steps over their summed time): longer,
     steadier samples without changing the rollout length."""
     e2e_kinds: tuple[str, ...] = ("sb3", "tuned", "fixed")
+    torchrl: tuple[str, ...] = ("torchrl_sync", "torchrl_multisync", "torchrl_async_batched")
+    """TorchRL collectors in the collect section (:data:`bench.torchrl_peer.KINDS`)."""
 
 
 def sizing(mode: str) -> Sizing:
@@ -79,7 +85,7 @@ def sizing(mode: str) -> Sizing:
     if mode == "smoke":
         return Sizing(workloads=["cartpole"], rounds=2, tune_seconds=2.0, max_trial_seconds=0.5, rllib_runners=[0],
                       e2e=[("cartpole", 512, 1)], envstep_ns=[1, 2], envstep_steps=200, envstep_rounds=1,
-                      actors=[], rows=32, num_envs=4, e2e_kinds=("sb3", "fixed"))
+                      actors=[], rows=32, num_envs=4, e2e_kinds=("sb3", "fixed"), torchrl=("torchrl_multisync",))
     if mode == "quick":
         return Sizing(workloads=["cartpole"], rounds=3, tune_seconds=8.0, max_trial_seconds=2.0, rllib_runners=[0, 2],
                       e2e=[("slow", 4096, 1)], envstep_ns=[1, 4, 16], envstep_steps=1000, envstep_rounds=2,
@@ -115,8 +121,12 @@ def tune_choice(workload: Any, s: Sizing) -> dict:
 
     result, secs = tune(workload, "model", budget_seconds=s.tune_seconds, max_trial_seconds=s.max_trial_seconds,
                         max_samples=6)
+    profile = (result.strategy or {}).get("profile")
     return {"choice": result.choice.to_dict(), "label": str(result.choice), "seconds": secs,
-            "trials": len(result.trials), "tuned_throughput": result.throughput, "reason": result.reason}
+            "trials": len(result.trials), "tuned_throughput": result.throughput, "reason": result.reason,
+            # the profile's inference timings by batch size: the limit's inference cap, as the CLI's
+            "inference_profile": ({"policy_seconds": profile.get("policy_seconds")}
+                                  if isinstance(profile, dict) else None)}
 
 
 def fixed_config(workload: Any, path: Path = REPO / "bench/results/tune_quality.json") -> tuple[Any, str] | None:
@@ -142,9 +152,12 @@ def sized(workload: Any, s: Sizing) -> Any:
                                num_steps=s.rows or workload.num_steps)
 
 
+LIMIT = "_limit"  # the limit probe's name among the runners (not a peer; its samples are dropped)
+
+
 def collect_workload(workload: Any, s: Sizing, ray_cpus: int, progress: Any) -> dict:
     from auturi import Config
-    from bench.peers import AuturiRunner, make_workload_peer, peer_unavailable
+    from bench.peers import AuturiRunner, LimitProbe, make_workload_peer, peer_unavailable
 
     workload = sized(workload, s)
     where = f"collect {workload.name}"
@@ -175,6 +188,12 @@ def collect_workload(workload: Any, s: Sizing, ray_cpus: int, progress: Any) -> 
             row["skipped"][kind] = why
             continue
         makers[kind] = (lambda k=kind: make_workload_peer(k, workload, warmup_steps=max(1, workload.num_steps // 4)))
+    for kind in s.torchrl:
+        why = peer_unavailable(kind, workload)
+        if why:
+            row["skipped"][kind] = why
+            continue
+        makers[kind] = (lambda k=kind: make_workload_peer(k, workload, warmup_steps=workload.num_steps))
     for r in s.rllib_runners:
         name = f"rllib_{r}"
         why = peer_unavailable("rllib", workload)
@@ -196,12 +215,19 @@ def collect_workload(workload: Any, s: Sizing, ray_cpus: int, progress: Any) -> 
             settings = getattr(r, "settings", None)
             if settings is not None:
                 row["settings"][name] = settings
+        progress(where, "starting the limit probe (serial config)")
+        runners[LIMIT] = LimitProbe(workload.make_env(), workload.make_policy(), workload.num_envs,
+                                    warmup_steps=workload.num_steps)
         samples = interleave(runners, s.rounds, lambda name, r: sample(r, workload.num_steps, s.collects_per_sample),
                              lambda msg: progress(where, msg))
+        del samples[LIMIT]
+        row["limit"] = runners[LIMIT].limit(profile=row["tuned"].get("inference_profile"))
     finally:
         for r in runners.values():
             r.close()
     row["peers"] = {k: summarize(xs) for k, xs in samples.items()}
+    if row["limit"].get("steps_per_second"):
+        row["limit_share"] = row["peers"]["auturi_tuned"]["median"] / row["limit"]["steps_per_second"]
     auturi = row["peers"]["auturi_tuned"]["median"]
     row["auturi_vs"] = {k: auturi / v["median"] for k, v in row["peers"].items() if k != "auturi_tuned"}
     others = {k: v["median"] for k, v in row["peers"].items() if not k.startswith("auturi")}
@@ -389,10 +415,11 @@ def main(argv: list[str] | None = None) -> dict:
     import stable_baselines3  # noqa: F401  (versions in the header)
     import torch
 
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        pass
+    for optional in ("ray", "torchrl", "tensordict"):  # versions in the header, when installed
+        try:
+            __import__(optional)
+        except ImportError:
+            pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     ray_cpus = max([cores, 2] + s.rllib_runners + s.actors)
     progress = Progress()

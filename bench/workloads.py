@@ -13,6 +13,7 @@ pong           Atari Pong, 4x84x84 frames (EnvPool/ale-py)  8      128    Nature
 slow           auturi SlowEnv (~1 ms waiting per step)      16     64     MLP 64x64
 heavytail      auturi HeavyTailEnv (rare 50x steps)         16     128    MLP 64x64
 largeobs       auturi LargeObsEnv (~1 MB observations)      4      16     pooling + MLP 64x64
+football       GRF academy_3_vs_1_with_keeper (EnvPool)    8      64     Nature CNN on 72x96x4 SMM
 =============  ==========================================  =====  =====  ===========================
 
 Example:
@@ -117,6 +118,35 @@ def pooled_mlp(channels: int, act_dim: int, pool: int = 8) -> Any:
     return PooledMLP()
 
 
+def smm_cnn(height: int, width: int, channels: int, act_dim: int) -> Any:
+    """:class:`auturi.nets.NatureCNNActorCritic` on channels-last frames (Google Research
+    Football's stacked super-mini-map, 72x96x4): transposed to channels first, with the
+    trunk's linear layer sized for the frame."""
+    import torch
+    from torch import nn
+
+    from auturi.nets import NatureCNNActorCritic
+
+    class SMMCNN(NatureCNNActorCritic):
+        def __init__(self) -> None:
+            super().__init__(channels, act_dim)
+            with torch.no_grad():  # the conv stack's output size for this frame
+                flat = self.trunk[:-2](torch.zeros(1, channels, height, width)).shape[1]
+            self.trunk[-2] = nn.Linear(flat, 512)
+
+        def forward(self, obs: torch.Tensor):
+            return super().forward(obs.permute(0, 3, 1, 2))
+
+    return SMMCNN()
+
+
+def smm_cnn_policy(height: int, width: int, channels: int, action_space: gym.spaces.Discrete) -> Any:
+    """A :class:`auturi.TorchPolicy` around :func:`smm_cnn`."""
+    from auturi.policy import TorchPolicy
+
+    return TorchPolicy(functools.partial(smm_cnn, height, width, channels, int(action_space.n)), action_space)
+
+
 def pooled_mlp_policy(channels: int, action_space: gym.spaces.Discrete) -> Any:
     """A :class:`auturi.TorchPolicy` around :func:`pooled_mlp`."""
     from auturi.policy import TorchPolicy
@@ -194,6 +224,10 @@ def _pong_env() -> str | Callable[[], gym.Env] | None:
 
 
 _PONG_ENV = _pong_env()
+# EnvPool's wheel ships Google Research Football (its engine built in, no download at run
+# time): the Auturi paper's third workload. Default observation: the 72x96 super-mini-map, 4
+# stacked planes, channels last; 19 actions.
+FOOTBALL_TASK = "gfootball/academy_3_vs_1_with_keeper-v1"
 
 WORKLOADS: dict[str, Workload] = {
     w.name: w for w in [
@@ -217,6 +251,11 @@ WORKLOADS: dict[str, Workload] = {
         Workload("largeobs", "LargeObsEnv: ~1 MB uint8 observations (3x512x683)",
                  "auturi.envs.LargeObsEnv", 4, 16, make_largeobs,
                  functools.partial(pooled_mlp_policy, 3, gym.spaces.Discrete(3))),
+        Workload("football", "Google Research Football academy_3_vs_1_with_keeper (72x96x4 SMM) with a Nature CNN",
+                 FOOTBALL_TASK, 8, 64, "envpool:" + FOOTBALL_TASK if _has("envpool") else None,
+                 functools.partial(smm_cnn_policy, 72, 96, 4, gym.spaces.Discrete(19)),
+                 requires=("envpool",), install="pip install envpool (its wheel ships Google Research Football)",
+                 envpool_task=FOOTBALL_TASK),
     ]
 }
 

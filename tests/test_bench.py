@@ -17,7 +17,8 @@ pytest.importorskip("stable_baselines3")
 pytest.importorskip("matplotlib")
 PIL = pytest.importorskip("PIL.Image")
 
-EXPECTED_PEERS = ("auturi_tuned", "auturi_fixed", "dummy", "subproc", "async", "envpool", "envpool_async", "rllib_0")
+EXPECTED_PEERS = ("auturi_tuned", "auturi_fixed", "dummy", "subproc", "async", "envpool", "envpool_async", "rllib_0",
+                  "torchrl_multisync")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,12 @@ def test_smoke_run_writes_json_markdown_and_plots(smoke):
         assert "envpool" in row["peers"]
     if importlib.util.find_spec("ray"):
         assert "rllib_0" in row["peers"]
+    if importlib.util.find_spec("torchrl"):
+        assert "torchrl_multisync" in row["peers"], row["skipped"].get("torchrl_multisync")
+    assert "_limit" not in row["peers"]  # the limit probe is measured in the rounds, not a peer
+    lim = row["limit"]
+    assert lim["bound"] in ("env", "inference") and lim["steps_per_second"] > 0 and lim["cores"] >= 1
+    assert row["limit_share"] == pytest.approx(row["peers"]["auturi_tuned"]["median"] / lim["steps_per_second"])
     for name, s in row["peers"].items():
         assert len(s["samples"]) == rounds and all(x > 0 for x in s["samples"]), name
         assert s["min"] <= s["median"] <= s["max"]
@@ -67,6 +74,7 @@ def test_smoke_run_writes_json_markdown_and_plots(smoke):
         assert f"\n| {name} | " in md, name
     for n in res["sizing"]["envstep_ns"]:
         assert f"\n| {n} | " in md
+    assert "How close to the limit" in md and f"| {100 * row['limit_share']:.0f}% |" in md
     for sec in ("collect", "e2e", "envstep"):
         png = out / f"bench_smoke_{sec}.png"
         assert f"]({png.name})" in md
@@ -92,3 +100,103 @@ def test_auturi_bench_forwards_to_the_runner():
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "--quick" in proc.stdout and "--no-docs" in proc.stdout
+
+
+def test_limit_table_and_target_rows():
+    from bench.report import limit_lines, limit_table, targets_md
+
+    def row(name, share, bound):
+        return {"workload": name, "limit_share": share, "peers": {"auturi_tuned": {"median": 1000.0 * share}},
+                "limit": {"steps_per_second": 1000.0, "env_steps_per_second": 1000.0 if bound == "env" else 4000.0,
+                          "inference_steps_per_second": 4000.0 if bound == "env" else 1000.0, "cores": 2,
+                          "bound": bound}}
+
+    rows = [row("a", 0.5, "env"), row("b", 0.9, "env"), row("c", 0.3, "inference")]
+    table = "\n".join(limit_table(rows))
+    assert "| a | 1,000 | env | 1,000 | 4,000 | 500 | 50% |" in table
+    assert "| c | 1,000 | inference |" in table
+    assert limit_lines(rows[0]) == ["Limit: 1,000 steps/s (env-bound: 2 cores x 500 steps/s); Auturi tuned reaches "
+                                    "**50%** of it."]
+    targets = "\n".join(targets_md({"collect": {"workloads": rows}}))
+    assert "(env-bound), a | 50% | **not met** |" in targets and "(env-bound), b | 90% | met |" in targets
+    assert "(env-bound), c" not in targets  # the 80% target is for env-bound workloads only
+    assert limit_table([{"workload": "x", "peers": {}}]) == []  # no limit measured: no table
+
+
+def test_football_network_takes_channels_last_frames():
+    torch = pytest.importorskip("torch")
+    from bench.workloads import WORKLOADS, smm_cnn
+
+    net = smm_cnn(72, 96, 4, 19)
+    logits, value = net(torch.zeros(3, 72, 96, 4, dtype=torch.uint8))
+    assert logits.shape == (3, 19) and value.shape == (3, 1)
+    assert WORKLOADS["football"].envpool_task == "gfootball/academy_3_vs_1_with_keeper-v1"
+
+
+torchrl_only = pytest.mark.skipif(importlib.util.find_spec("torchrl") is None,
+                                  reason="torchrl is not installed (see bench/torchrl_peer.py for the install line)")
+
+
+@torchrl_only
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_torchrl_actor_runs_the_workload_network_in_process(env_id):
+    """The TorchRL actor around a workload's network, in TorchRL's own collector over a
+    nested batch (2 x 2 envs, no processes): valid actions for every env, and the network's
+    output for a nested batch is its output for the flattened one."""
+    import functools
+
+    import gymnasium as gym
+    import torch
+    from torchrl.collectors import Collector
+    from torchrl.envs import SerialEnv
+
+    from bench.torchrl_peer import ActorFactory, SerialEnvFn
+    from bench.workloads import mlp_policy
+
+    probe = gym.make(env_id)
+    obs_dim, space = probe.observation_space.shape[0], probe.action_space
+    probe.close()
+    policy = mlp_policy(obs_dim, space)
+    actor = ActorFactory(policy.model_fn, space, 1)()
+    nested = SerialEnv(2, SerialEnvFn(functools.partial(gym.make, env_id), 2))
+    collector = Collector(nested, actor, frames_per_batch=16, total_frames=-1)
+    try:
+        batch = next(iter(collector))
+    finally:
+        collector.shutdown()
+    assert batch.numel() == 16
+    actions = batch["action"]
+    if isinstance(space, gym.spaces.Discrete):
+        assert actions.dtype == torch.int64 and ((actions >= 0) & (actions < space.n)).all()
+    else:
+        assert actions.shape[-1] == space.shape[0]
+        assert ((actions >= float(space.low[0])) & (actions <= float(space.high[0]))).all()
+    module = actor.module[0].module  # the DistParams around the network
+    obs = batch["observation"][:, :, 0]  # (2, 2, obs_dim): a nested batch
+    out = module(obs)[0]
+    flat = module.net(obs.reshape(4, obs_dim))[0]
+    torch.testing.assert_close(out.reshape(4, -1), flat)
+
+
+@torchrl_only
+def test_torchrl_worker_factories_survive_torchrls_pickling_wrapper():
+    """TorchRL wraps each worker's env factory in ``CloudpickleWrapper``, which copies the
+    factory's ``__dict__`` onto itself: a factory attribute named ``fn`` replaced the
+    wrapper's own, and workers built the bare gymnasium env (AttributeError in the worker)."""
+    import functools
+    import pickle
+
+    import gymnasium as gym
+    from torchrl.data.utils import CloudpickleWrapper
+    from torchrl.envs import EnvBase
+
+    from bench.torchrl_peer import GymEnvFn, SerialEnvFn
+
+    for factory in (GymEnvFn(functools.partial(gym.make, "CartPole-v1")),
+                    SerialEnvFn(functools.partial(gym.make, "CartPole-v1"), 2)):
+        env = pickle.loads(pickle.dumps(CloudpickleWrapper(factory)))()
+        try:
+            assert isinstance(env, EnvBase), type(env)
+        finally:
+            if not env.is_closed:  # a SerialEnv starts its envs lazily
+                env.close()
