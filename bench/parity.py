@@ -3,6 +3,9 @@ the same model under ``auturi.wrap(model)`` with online tuning on (a fresh tuner
 run), same seed, runs alternated, on tasks whose episodes are long (CartPole-v1 reaches its
 500-step limit, Acrobot-v1 starts at its 500-step limit).
 
+One module of ~440 lines: its parts (the runs, the controls, the noise of :class:`ExecutorNoise`
+that ``tests/test_sb3_default_parity.py`` also uses, the tables) serve this one benchmark.
+
 Per run it records what learning gives, none of it a timing:
 
 - ``final_return``: mean return of the last ``--last`` episodes the Monitor logged;
