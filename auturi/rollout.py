@@ -10,7 +10,16 @@ import numpy as np
 @dataclass
 class CollectStats:
     """Timing of one collect. ``env_seconds``, ``policy_seconds`` and ``wait_seconds`` are
-    summed over actors (so with several actors they can exceed ``seconds``)."""
+    summed over actors (so with several actors they can exceed ``seconds``). Each
+    :class:`Rollout` carries its own as ``rollout.stats``.
+
+    >>> from auturi import CollectStats
+    >>> s = CollectStats(steps=1024, seconds=0.5, env_seconds=0.3, policy_seconds=0.15)
+    >>> s.steps_per_second
+    2048.0
+    >>> round(s.seconds - s.env_seconds - s.policy_seconds, 2)   # neither stepping nor inference
+    0.05
+    """
 
     steps: int
     """Env steps taken (``num_steps * num_envs``)."""
@@ -46,6 +55,18 @@ class Rollout:
     in ``final_observations[(t, i)]`` and the env's info in ``final_infos[(t, i)]``.
     ``last_observations`` / ``last_episode_starts`` are the row after the last one, for
     bootstrapping the final value; the next collect starts from them.
+
+    >>> import auturi, gymnasium as gym
+    >>> from auturi.envs import CountingEnv   # episodes of 3 to 12 steps
+    >>> policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    >>> with auturi.make_executor(CountingEnv, policy, num_envs=2, backend="serial") as ex:
+    ...     r = ex.collect(16)
+    >>> r.num_steps, r.num_envs, r.observations.shape, r.stats.steps
+    (16, 2, (16, 2, 4), 32)
+    >>> bool((r.episode_starts[1:] == r.dones[:-1]).all())   # an episode starts after each done
+    True
+    >>> len(r.final_observations) == int(r.dones.sum())     # each done keeps its real last obs
+    True
     """
 
     observations: np.ndarray
