@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from auturi import Config
-from auturi.tuner import Strategy, Tuner
-from auturi.tuner.measure import MeasureProtocol
-from tests.helpers import FakeExecutor, FakeRollout
 from auturi.rollout import CollectStats
+from auturi.tuner import Strategy, Tuner
+from auturi.tuner.measure import MeasureProtocol, Trial
+from tests.helpers import FakeExecutor, FakeRollout
 
 SERIAL = Config.serial(4)
 SPREAD = Config(num_actors=2, envs_per_actor=2, policy_batch_size=2)
@@ -95,3 +95,6 @@ def test_the_record_keeps_each_collect_and_the_sample_length():
     assert all(len(t["collect_rates"]) >= t["n"] for t in confirm)
     assert max(len(t["collect_rates"]) for t in confirm) > 3 * 10  # serial's samples are longer
     assert np.isfinite([r for t in confirm for r in t["collect_rates"]]).all()
+    back = [Trial.from_dict(t) for t in confirm]  # a results file re-analysed: nothing lost
+    assert [(b.collect_rates, b.collects_per_sample) for b in back] == \
+        [(t["collect_rates"], t["collects_per_sample"]) for t in confirm]
