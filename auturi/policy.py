@@ -32,7 +32,27 @@ PolicyOutput = tuple[np.ndarray, dict[str, np.ndarray]]
 @runtime_checkable
 class Policy(Protocol):
     """What the executor needs of a policy. Replicas are made by unpickling the policy
-    object in each worker, then loading the state the caller set."""
+    object in each worker, then loading the state the caller set.
+
+    Any object with these members is one (no base class needed); define it at module level
+    so the ``shm`` and ``ray`` backends can pickle it:
+
+    >>> import auturi, numpy as np
+    >>> from auturi.envs import CountingEnv   # Box(4,) observations, Discrete(3) actions
+    >>> class FirstLargest:
+    ...     noise_dim = 0                        # deterministic: takes no random numbers
+    ...     def act(self, obs, noise):
+    ...         return obs[:, :3].argmax(axis=1), {"scores": obs[:, :3].max(axis=1)}
+    ...     def get_state(self): return {}
+    ...     def load_state(self, state): pass
+    ...     def to(self, device): pass
+    >>> isinstance(FirstLargest(), auturi.Policy)
+    True
+    >>> with auturi.make_executor(CountingEnv, FirstLargest(), num_envs=2, backend="serial") as ex:
+    ...     r = ex.collect(5)
+    >>> r.actions.shape, r.extras["scores"].shape
+    ((5, 2), (5, 2))
+    """
 
     noise_dim: int
     """Uniform random numbers the policy consumes per observation (0: deterministic)."""
@@ -79,7 +99,18 @@ class _StatelessPolicy:
 
 
 class ConstantPolicy(_StatelessPolicy):
-    """Always the same action (the env-stepping microbenchmarks use it)."""
+    """Always the same action (the env-stepping microbenchmarks use it): ``action``, or
+    the space's lowest Discrete action / the Box action nearest zero.
+
+    >>> import gymnasium as gym, numpy as np
+    >>> from auturi import ConstantPolicy
+    >>> p = ConstantPolicy(gym.spaces.Box(-1, 1, (2,)), action=[0.5, -0.5])
+    >>> actions, extras = p.act(np.zeros((3, 4), np.float32), np.zeros((3, 0), np.float32))
+    >>> actions.tolist(), extras
+    ([[0.5, -0.5], [0.5, -0.5], [0.5, -0.5]], {})
+    >>> ConstantPolicy(gym.spaces.Discrete(3, start=1)).action
+    array(1)
+    """
 
     def __init__(self, action_space: gym.Space, action: Any = None):
         self.action = np.asarray(action if action is not None else _zero_action(action_space),
@@ -90,7 +121,21 @@ class ConstantPolicy(_StatelessPolicy):
 
 
 class RandomPolicy(_StatelessPolicy):
-    """Uniform random actions drawn from ``noise`` (Discrete and Box spaces)."""
+    """Uniform random actions drawn from ``noise`` (Discrete and Box spaces); Box bounds that
+    are infinite are taken as -1 or 1. The executor draws ``noise`` per env and step, so the
+    actions do not depend on the layout.
+
+    >>> import gymnasium as gym, numpy as np
+    >>> from auturi import RandomPolicy
+    >>> p = RandomPolicy(gym.spaces.Discrete(4))
+    >>> p.noise_dim                                    # one uniform per observation
+    1
+    >>> p.act(np.zeros((3, 2)), np.array([[0.0], [0.5], [0.99]]))[0].tolist()
+    [0, 2, 3]
+    >>> box = RandomPolicy(gym.spaces.Box(0.0, 2.0, (2,)))
+    >>> box.act(np.zeros((1, 2)), np.array([[0.25, 0.5]]))[0].tolist()
+    [[0.5, 1.0]]
+    """
 
     def __init__(self, action_space: gym.Space):
         self.space = action_space
