@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("stable_baselines3")
 
 import torch
-from stable_baselines3 import A2C, DQN, PPO
+from stable_baselines3 import A2C, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import KVWriter, Logger
@@ -681,9 +681,7 @@ def test_error_unsupported_vec_wrappers():
         wrap_sb3(model, tune=False)
 
 
-def test_error_off_policy_gsde_and_others():
-    with pytest.raises(NotImplementedError, match="PPO, A2C"):
-        wrap_sb3(DQN("MlpPolicy", "CartPole-v1", device="cpu", buffer_size=100))
+def test_error_gsde_and_others():
     with pytest.raises(NotImplementedError, match="gSDE"):
         wrap_sb3(PPO("MlpPolicy", "Pendulum-v1", use_sde=True, n_steps=8, device="cpu"))
     with pytest.raises(TypeError, match="PPO or A2C"):

@@ -1,10 +1,279 @@
-"""Off-policy replay (placeholder until the off-policy face lands)."""
+"""Off-policy replay (SAC, TD3, DDPG, DQN, and sb3-contrib algorithms that keep SB3's
+``collect_rollouts``): :func:`collect_rollouts` stands in for SB3's
+``OffPolicyAlgorithm.collect_rollouts`` and fills the replay buffer as SB3's loop would.
+
+Exploration happens in the replicas, so every random number comes from the executor's per-env
+seeded noise (``docs/architecture.md``), as the on-policy sampling does; no batching or layout
+changes which numbers an env sees, so every config fills the same buffer:
+
+- before ``learning_starts`` (SB3: ``num_timesteps < learning_starts``), a uniform random
+  action per env (Box: ``low + u * (high - low)``; Discrete: ``floor(u * n)``); a collect
+  that crosses ``learning_starts`` is split there into two executor collects;
+- SAC's stochastic actor samples ``tanh(mean + std * ndtri(u))``; TD3/DDPG act
+  deterministically; DQN is epsilon-greedy with one coin per env (SB3 tosses one coin for
+  all envs of a step) at the epsilon of the collect's start (SB3 moves it every step);
+- ``NormalActionNoise`` (or ``VectorizedActionNoise`` of equal ones): ``mean + sigma *
+  ndtri(u)`` per env, added to the scaled action and clipped to [-1, 1] as ``_sample_action``
+  does; the buffer gets the scaled action, the env its unscaled copy.
+
+The replay then runs SB3's own ``_update_info_buffer``, ``_store_transition`` (terminal
+observations, timeouts, VecNormalize's original observations and rewards,
+``optimize_memory_usage``), ``_on_step`` (DQN's target updates and epsilon schedule), the
+callback and ``dump_logs`` every ``log_interval`` episodes, step by step.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
+
+from auturi.adapters.sb3.handle import SB3Handle
+from auturi.adapters.sb3.on_policy import ENV_CHANGED, restart_cut_episodes
+from auturi.adapters.sb3.policy import STATE_PREFIX, ReplicaNet
+from auturi.errors import AuturiError
+
+_ACTING_PARTS = ("actor", "q_net", "quantile_net")  # SAC/TD3/DDPG/TQC, DQN, QR-DQN: what predict() runs
+
 
 def check_model(model: Any) -> None:
-    raise NotImplementedError(
-        f"auturi.wrap supports on-policy SB3 algorithms (PPO, A2C) for now; {type(model).__name__} is off-policy "
-        f"(its replay-buffer loop interleaves env steps and gradient steps)")
+    """Refuse, with the reason and the fix, what the off-policy replay cannot reproduce."""
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+
+    name = type(model).__name__
+    if type(model).collect_rollouts is not OffPolicyAlgorithm.collect_rollouts:
+        raise NotImplementedError(f"{name} overrides collect_rollouts; auturi.wrap supports off-policy algorithms "
+                                  f"that use SB3's own loop (SAC, TD3, DDPG, DQN, TQC, QR-DQN)")
+    if type(model.replay_buffer).__name__ == "HerReplayBuffer":
+        raise NotImplementedError("HerReplayBuffer is not supported by auturi.wrap: it relabels goals from whole "
+                                  "episodes in Dict observations. Train HER models without auturi.wrap")
+    if model.use_sde:
+        raise NotImplementedError("gSDE (use_sde=True) is not supported by auturi.wrap yet: its exploration noise is "
+                                  "a per-env matrix resampled every sde_sample_freq steps. Train with use_sde=False")
+    if not any(hasattr(model.policy, part) for part in _ACTING_PARTS):
+        raise NotImplementedError(f"auturi.wrap needs a policy with one of {_ACTING_PARTS}; "
+                                  f"{type(model.policy).__name__} has none")
+    space = model.action_space
+    if not isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)):
+        raise NotImplementedError(f"auturi.wrap supports Box and Discrete action spaces off-policy, not {space}")
+    if isinstance(space, gym.spaces.Box) and not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise NotImplementedError("auturi.wrap needs a bounded Box action space off-policy (SB3 scales actions to "
+                                  "[-1, 1] by its bounds)")
+    normal_noise(model.action_noise)
+
+
+def normal_noise(noise: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(mean, sigma)`` of the action noise, the same for every env, or ``None``; anything
+    else is refused with the fix."""
+    from stable_baselines3.common.noise import NormalActionNoise, VectorizedActionNoise
+
+    if noise is None:
+        return None
+    parts = noise.noises if isinstance(noise, VectorizedActionNoise) else [noise]
+    if not all(type(p) is NormalActionNoise for p in parts):
+        kinds = sorted({type(p).__name__ for p in parts})
+        raise NotImplementedError(
+            f"auturi.wrap supports NormalActionNoise (and VectorizedActionNoise of equal ones), not {kinds}: a "
+            f"stateful noise such as Ornstein-Uhlenbeck needs each env's history, which replicas acting for any "
+            f"env in any order do not hold. Use NormalActionNoise, or train without auturi.wrap")
+    mean, sigma = np.asarray(parts[0]._mu), np.asarray(parts[0]._sigma)
+    if any(not (np.array_equal(p._mu, mean) and np.array_equal(p._sigma, sigma)) for p in parts[1:]):
+        raise NotImplementedError("auturi.wrap needs the same NormalActionNoise for every env (replicas do not know "
+                                  "which env they act for)")
+    return mean, sigma
+
+
+def make_adapter(model: Any, vecnorm: Any) -> OffPolicyAdapter:
+    normalize = None
+    if vecnorm is not None and vecnorm.norm_obs:
+        normalize = {"epsilon": float(vecnorm.epsilon), "clip_obs": float(vecnorm.clip_obs)}
+    part = next(p for p in _ACTING_PARTS if hasattr(model.policy, p))
+    return OffPolicyAdapter(model.policy_class, model.observation_space, model.action_space,
+                            dict(model.policy_kwargs), learning_rate=float(model.lr_schedule(1)),
+                            normalize=normalize, state_prefix=part + ".")
+
+
+class OffPolicyAdapter(ReplicaNet):
+    """An auturi :class:`~auturi.policy.Policy` that runs the acting part of an SB3
+    off-policy policy with the algorithm's exploration drawn from the executor's noise (see
+    the module doc). Per-collect settings travel in the published state: ``auturi.warmup``
+    (1: random actions), ``auturi.epsilon`` (DQN), ``auturi.noise_mean`` /
+    ``auturi.noise_sigma`` (action noise). Box actions: the env gets the unscaled action, the
+    extra ``buffer_actions`` holds the scaled one SB3 stores.
+
+    Noise columns: Box ``d`` for the policy's sample (or the random action) then ``d`` for
+    the action noise; Discrete: the epsilon coin, then the random action."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        space = self.action_space
+        self.dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else 1
+        self.noise_dim = 2 * self.dim
+        self.settings = {"warmup": 0.0, "epsilon": 0.0, "noise_mean": None, "noise_sigma": None}
+
+    def load_state(self, state: Any) -> None:
+        super().load_state(state)
+        for key in self.settings:
+            if STATE_PREFIX + key in state:
+                value = np.asarray(state[STATE_PREFIX + key])
+                self.settings[key] = float(value.reshape(-1)[0]) if key in ("warmup", "epsilon") else value
+
+    def act(self, obs: np.ndarray, noise: np.ndarray):
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return self._act_discrete(obs, noise), {}
+        scaled = self._scaled_box_action(obs, noise[:, :self.dim])
+        mean, sigma = self.settings["noise_mean"], self.settings["noise_sigma"]
+        if mean is not None and mean.size:
+            import torch
+
+            from auturi.sampling import normal_from_uniform
+
+            u = torch.as_tensor(np.ascontiguousarray(noise[:, self.dim:]))
+            loc = torch.as_tensor(np.broadcast_to(mean, scaled.shape).astype(np.float32))
+            scale = torch.as_tensor(np.broadcast_to(sigma, scaled.shape).astype(np.float32))
+            scaled = np.clip(scaled + normal_from_uniform(loc, scale, u).numpy(), -1, 1)
+        low, high = self._low, self._high
+        return (low + (0.5 * (scaled + 1.0) * (high - low))).astype(self.action_space.dtype), {
+            "buffer_actions": scaled.astype(np.float32)}
+
+    def _scaled_box_action(self, obs: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The action in [-1, 1] before action noise, as ``_sample_action`` computes it."""
+        low, high = self._low, self._high
+        if self.settings["warmup"]:
+            unscaled = (low + u.reshape(len(obs), *low.shape) * (high - low)).astype(self.action_space.dtype)
+        else:
+            unscaled = self._predict_box(obs, u)
+        return 2.0 * ((unscaled - low) / (high - low)) - 1.0
+
+    def _predict_box(self, obs: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``policy.predict(obs, deterministic=False)`` with SAC's sample taken from ``u``."""
+        import torch
+
+        from auturi.sampling import normal_from_uniform
+
+        net = self.net
+        with torch.no_grad():
+            obs_t = net.obs_to_tensor(self.normalize_obs(obs))[0]
+            actor = getattr(net, "actor", None)
+            if actor is not None and hasattr(actor, "action_dist"):  # SAC, TQC: squashed Gaussian
+                mean, log_std, _ = actor.get_action_dist_params(obs_t)
+                a = torch.tanh(normal_from_uniform(mean, log_std.exp(), torch.as_tensor(np.ascontiguousarray(u))))
+            else:
+                a = net._predict(obs_t, deterministic=True)
+            a = a.cpu().numpy().reshape((-1, *self.action_space.shape))
+        if net.squash_output:
+            return net.unscale_action(a)
+        return np.clip(a, self._low, self._high)
+
+    def _act_discrete(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        import torch
+
+        space = self.action_space
+        rand = space.start + np.minimum((noise[:, 1] * space.n).astype(np.int64), space.n - 1)
+        if self.settings["warmup"]:
+            return rand
+        with torch.no_grad():
+            greedy = self.net._predict(self.net.obs_to_tensor(self.normalize_obs(obs))[0], deterministic=True)
+        greedy = greedy.cpu().numpy().reshape(-1).astype(np.int64)
+        return np.where(noise[:, 0] < self.settings["epsilon"], rand, greedy)
+
+
+def _exploration_state(model: Any, warmup: bool, action_noise: Any) -> dict[str, np.ndarray]:
+    """This collect's exploration settings for the replicas."""
+    state = {STATE_PREFIX + "warmup": np.array([float(warmup)]),
+             STATE_PREFIX + "epsilon": np.array([float(getattr(model, "exploration_rate", 0.0))])}
+    params = normal_noise(action_noise)
+    if params is not None:
+        state[STATE_PREFIX + "noise_mean"], state[STATE_PREFIX + "noise_sigma"] = params
+    return state
+
+
+def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay_buffer: Any,
+                     action_noise: Any = None, learning_starts: int = 0, log_interval: int | None = None) -> Any:
+    """SB3's ``OffPolicyAlgorithm.collect_rollouts`` over an Auturi executor (see the module doc)."""
+    from stable_baselines3.common.type_aliases import RolloutReturn, TrainFrequencyUnit
+    from stable_baselines3.common.utils import should_collect_more_steps
+
+    h: SB3Handle = self.auturi
+    if env is not h.source_env:
+        raise AuturiError(ENV_CHANGED)
+    self.policy.set_training_mode(False)
+    n = env.num_envs
+    if n > 1 and train_freq.unit != TrainFrequencyUnit.STEP:
+        raise ValueError("train_freq in episodes needs one env (as SB3's own loop): use train_freq=(k, 'step')")
+    progress = {"steps": 0, "episodes": 0}
+    callback.on_rollout_start()
+    while should_collect_more_steps(train_freq, progress["steps"], progress["episodes"]):
+        # Steps: the rest of train_freq in one collect; episodes: one step at a time (the end is unknown).
+        rows = train_freq.frequency - progress["steps"] if train_freq.unit == TrainFrequencyUnit.STEP else 1
+        warm_rows = min(rows, max(0, -(-(learning_starts - self.num_timesteps) // n)))
+        if 0 < warm_rows < rows:
+            rows = warm_rows  # split at learning_starts: the random part, then the policy's
+        rollout = h.collect(self, rows, _exploration_state(self, warm_rows > 0, action_noise))
+        if not _replay(self, h, rollout, callback, replay_buffer, action_noise, log_interval, progress):
+            return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=False)
+    callback.on_rollout_end()
+    return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=True)
+
+
+def _replay(self: Any, h: SB3Handle, rollout: Any, callback: Any, replay_buffer: Any, action_noise: Any,
+            log_interval: int | None, progress: dict[str, int]) -> bool:
+    """Replay one rollout into the replay buffer step by step, with SB3's local names for the
+    callback; ``False`` when the callback stops training."""
+    vn = h.vecnorm
+    n = rollout.num_envs
+    is_box = isinstance(self.action_space, gym.spaces.Box)
+    restart_cut_episodes(self, h, rollout.episode_starts[0], rollout.observations[0])
+    self._last_original_obs = rollout.observations[0]
+    self._last_obs = h.adapter.normalize_obs(rollout.observations[0]) if vn is not None else rollout.observations[0]
+    for t in range(rollout.num_steps):
+        actions = rollout.actions[t]
+        buffer_actions = rollout.extras["buffer_actions"][t] if is_box else actions
+        new_obs, rewards, dones, infos = _step_result(rollout, t, vn)
+        self.num_timesteps += n
+        progress["steps"] += 1
+        callback.update_locals(locals())
+        if not callback.on_step():
+            return False
+        self._update_info_buffer(infos, dones)
+        self._store_transition(replay_buffer, buffer_actions, new_obs, rewards, dones, infos)
+        self._update_current_progress_remaining(self.num_timesteps, self._total_timesteps)
+        self._on_step()
+        self._last_episode_starts = dones
+        for idx, done in enumerate(dones):
+            if done:
+                progress["episodes"] += 1
+                self._episode_num += 1
+                if action_noise is not None:
+                    action_noise.reset(**(dict(indices=[idx]) if n > 1 else {}))
+                if log_interval is not None and self._episode_num % log_interval == 0:
+                    self.dump_logs()
+    return True
+
+
+def _step_result(rollout: Any, t: int, vn: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+    """What ``env.step`` returned at row ``t`` (DummyVecEnv's auto-reset, ``VecNormalize``'s
+    normalisation and statistics update, as SB3's VecEnv stack does)."""
+    raw_obs = rollout.last_observations if t == rollout.num_steps - 1 else rollout.observations[t + 1]
+    rewards = rollout.rewards[t].astype(np.float32)
+    dones = rollout.terminated[t] | rollout.truncated[t]
+    infos: list[dict[str, Any]] = []
+    for i in range(rollout.num_envs):
+        info = dict(rollout.final_infos.get((t, i), {})) if dones[i] else {}
+        info["TimeLimit.truncated"] = bool(rollout.truncated[t, i] and not rollout.terminated[t, i])
+        if dones[i]:
+            info["terminal_observation"] = rollout.final_observations[(t, i)]
+        infos.append(info)
+    if vn is None:
+        return raw_obs, rewards, dones, infos
+    vn.old_obs, vn.old_reward = raw_obs, rewards
+    if vn.training and vn.norm_obs:
+        vn.obs_rms.update(raw_obs)
+    new_obs = vn.normalize_obs(raw_obs)
+    for i in np.flatnonzero(dones):
+        infos[i]["terminal_observation"] = vn.normalize_obs(infos[i]["terminal_observation"])
+    if vn.training:
+        vn._update_reward(rewards)
+    out_rewards = vn.normalize_reward(rewards)
+    vn.returns[dones] = 0
+    return new_obs, out_rewards, dones, infos

@@ -45,60 +45,39 @@ DISTRIBUTIONS = {
 """The SB3 action distributions the on-policy adapter samples (class name -> kind)."""
 
 
-class SB3PolicyAdapter:
-    """An auturi :class:`~auturi.policy.Policy` that runs an SB3 ``ActorCriticPolicy``.
+class ReplicaNet:
+    """What every SB3 policy adapter shares: the network rebuilt in each replica from
+    ``policy_class(observation_space, action_space, lr_schedule, **policy_kwargs)`` (kept
+    pickled, so unpickling the adapter in an env worker imports neither torch nor SB3), the
+    state the executor publishes (weights, plus ``auturi.obs_mean`` / ``auturi.obs_var`` when
+    ``VecNormalize`` statistics travel too), and VecNormalize's ``normalize_obs``.
 
-    Replicas rebuild the network from ``policy_class(observation_space, action_space,
-    lr_schedule, **policy_kwargs)`` (kept pickled, so unpickling this object in an env worker
-    imports neither torch nor SB3) and load the state the executor publishes: the weights,
-    plus ``auturi.obs_mean`` / ``auturi.obs_var`` when ``VecNormalize`` statistics travel too.
-
-    ``act`` does SB3's forward pass (``obs_to_tensor``, features, latents, value, action
-    distribution) but samples from the executor's noise: inverse CDF for Categorical (and
-    each part of MultiCategorical), ``u < p`` for Bernoulli, ``mean + std * ndtri(u)`` for
-    DiagGaussian. Box actions come back clipped to the action space (what the env gets) and
-    unclipped in the extra ``raw_actions`` (what SB3 stores). Extras: ``values``,
-    ``log_probs``.
-    """
+    ``state_prefix``: only the weights under it are published and loaded (the part of the
+    policy that acts: ``"actor."`` for SAC/TD3, ``"q_net."`` for DQN); ``""``: all."""
 
     # Imported once in the forkserver replicas fork from, not in each replica process.
     preload_modules = ("stable_baselines3.common.policies",)
 
     def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
-                 policy_kwargs: Mapping[str, Any], distribution: str, *, learning_rate: float = 0.0,
-                 deterministic: bool = False, normalize: Mapping[str, float] | None = None,
-                 device: str = "cpu"):
+                 policy_kwargs: Mapping[str, Any], *, learning_rate: float = 0.0,
+                 normalize: Mapping[str, float] | None = None, device: str = "cpu", state_prefix: str = ""):
         import cloudpickle
 
-        if distribution not in DISTRIBUTIONS:
-            raise NotImplementedError(
-                f"auturi.wrap supports SB3 policies whose action distribution is one of "
-                f"{sorted(DISTRIBUTIONS)}; this policy uses {distribution}")
         self._blob = cloudpickle.dumps((policy_class, observation_space, action_space, dict(policy_kwargs),
                                         float(learning_rate)))
-        self.kind = DISTRIBUTIONS[distribution]
         self.action_space = action_space
-        self.deterministic = bool(deterministic)
         self.normalize = dict(normalize) if normalize else None  # {"epsilon", "clip_obs"}
         self.device = device
-        if self.deterministic:
-            self.noise_dim = 0
-        elif self.kind == "categorical":
-            self.noise_dim = 1
-        elif self.kind == "multicategorical":
-            self.noise_dim = len(action_space.nvec)
-        else:
-            self.noise_dim = int(np.prod(action_space.shape))
+        self.state_prefix = state_prefix
         if isinstance(action_space, gym.spaces.Box):
             self._low, self._high = action_space.low, action_space.high
         self._net = None
         self._obs_mean: np.ndarray | None = None
         self._obs_var: np.ndarray | None = None
 
-    @staticmethod
-    def state_of(model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
+    def state_of(self, model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
         """The state to publish before a collect (see :func:`policy_state`)."""
-        return policy_state(model, vecnorm)
+        return policy_state(model, vecnorm, self.state_prefix)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
@@ -133,7 +112,8 @@ class SB3PolicyAdapter:
             self.net  # noqa: B018 - builds on self.device
 
     def get_state(self) -> dict[str, np.ndarray]:
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items()}
+        state = {k: v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items()
+                 if k.startswith(self.state_prefix)}
         if self._obs_mean is not None:
             state[STATE_PREFIX + "obs_mean"] = self._obs_mean.copy()
             state[STATE_PREFIX + "obs_var"] = self._obs_var.copy()
@@ -143,8 +123,9 @@ class SB3PolicyAdapter:
         import torch
 
         self.load_obs_stats(state)
-        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()
-                                  if not k.startswith(STATE_PREFIX)})
+        weights = {k: torch.as_tensor(np.asarray(v)) for k, v in state.items() if not k.startswith(STATE_PREFIX)}
+        # With a prefix the state holds the acting part only (the critic never travels).
+        self.net.load_state_dict(weights, strict=not self.state_prefix)
 
     def load_obs_stats(self, state: Mapping[str, Any]) -> None:
         """Take the VecNormalize statistics of ``state`` (if it has them), not its weights."""
@@ -159,6 +140,40 @@ class SB3PolicyAdapter:
         n = self.normalize
         return np.clip((obs - self._obs_mean) / np.sqrt(self._obs_var + n["epsilon"]),
                        -n["clip_obs"], n["clip_obs"]).astype(np.float32)
+
+
+class SB3PolicyAdapter(ReplicaNet):
+    """An auturi :class:`~auturi.policy.Policy` that runs an SB3 ``ActorCriticPolicy`` (see
+    :class:`ReplicaNet` for how replicas get it).
+
+    ``act`` does SB3's forward pass (``obs_to_tensor``, features, latents, value, action
+    distribution) but samples from the executor's noise: inverse CDF for Categorical (and
+    each part of MultiCategorical), ``u < p`` for Bernoulli, ``mean + std * ndtri(u)`` for
+    DiagGaussian. Box actions come back clipped to the action space (what the env gets) and
+    unclipped in the extra ``raw_actions`` (what SB3 stores). Extras: ``values``,
+    ``log_probs``.
+    """
+
+    def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
+                 policy_kwargs: Mapping[str, Any], distribution: str, *, learning_rate: float = 0.0,
+                 deterministic: bool = False, normalize: Mapping[str, float] | None = None,
+                 device: str = "cpu"):
+        if distribution not in DISTRIBUTIONS:
+            raise NotImplementedError(
+                f"auturi.wrap supports SB3 policies whose action distribution is one of "
+                f"{sorted(DISTRIBUTIONS)}; this policy uses {distribution}")
+        super().__init__(policy_class, observation_space, action_space, policy_kwargs, learning_rate=learning_rate,
+                         normalize=normalize, device=device)
+        self.kind = DISTRIBUTIONS[distribution]
+        self.deterministic = bool(deterministic)
+        if self.deterministic:
+            self.noise_dim = 0
+        elif self.kind == "categorical":
+            self.noise_dim = 1
+        elif self.kind == "multicategorical":
+            self.noise_dim = len(action_space.nvec)
+        else:
+            self.noise_dim = int(np.prod(action_space.shape))
 
     def act(self, obs: np.ndarray, noise: np.ndarray):
         import torch
@@ -204,9 +219,10 @@ class SB3PolicyAdapter:
 
 
 
-def policy_state(model: Any, vecnorm: Any) -> dict[str, np.ndarray]:
-    """What the replicas load: the policy's weights and, with VecNormalize, its observation statistics."""
-    state = {k: v.detach().cpu().numpy() for k, v in model.policy.state_dict().items()}
+def policy_state(model: Any, vecnorm: Any, prefix: str = "") -> dict[str, np.ndarray]:
+    """What the replicas load: the policy's weights (those under ``prefix``) and, with
+    VecNormalize, its observation statistics."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.policy.state_dict().items() if k.startswith(prefix)}
     if vecnorm is not None and vecnorm.norm_obs:
         state[STATE_PREFIX + "obs_mean"] = np.asarray(vecnorm.obs_rms.mean, dtype=np.float64)
         state[STATE_PREFIX + "obs_var"] = np.asarray(vecnorm.obs_rms.var, dtype=np.float64)
