@@ -1,5 +1,7 @@
 """RLlib's EnvRunners as a benchmark peer (imports ray; only :mod:`bench.peers` loads it, and
-only when an ``rllib`` peer runs).
+only when an ``rllib`` peer runs), and a learning comparison of ``auturi.wrap(config)`` with
+plain RLlib for DQN, SAC, APPO and IMPALA (``python -m bench.rllib_peer learn --algo dqn``,
+:func:`learn`: minutes per run, so not in the test suite).
 
 What runs is RLlib's own sampling path, new API stack, with its default settings except
 where named:
@@ -150,3 +152,77 @@ class RLlibRunner:
             self.local.stop()
         if self.group is not None:
             self.group.stop()
+
+
+# ------------------------------------------------------------------ learning: wrapped vs plain
+def learning_config(algo: str, seed: int) -> Any:
+    """A small RLlib config that learns its task in minutes: DQN, APPO, IMPALA on CartPole-v1,
+    SAC on Pendulum-v1 (hyperparameters from RLlib's tuned examples, scaled down), 4 envs in
+    RLlib's default EnvRunner layout for the algorithm."""
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.sac import SACConfig
+
+    if algo == "dqn":
+        cfg = DQNConfig().environment("CartPole-v1").training(
+            lr=5e-4, n_step=3, epsilon=[(0, 1.0), (10000, 0.02)], num_steps_sampled_before_learning_starts=1000)
+    elif algo == "sac":
+        cfg = SACConfig().environment("Pendulum-v1").training(
+            initial_alpha=1.001, actor_lr=2e-4, critic_lr=8e-4, alpha_lr=9e-4, lr=None, n_step=(1, 3),
+            train_batch_size_per_learner=256, num_steps_sampled_before_learning_starts=256)
+    elif algo in ("appo", "impala"):
+        cfg = (APPOConfig() if algo == "appo" else IMPALAConfig()).environment("CartPole-v1").training(
+            train_batch_size_per_learner=500)
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}: one of dqn, sac, appo, impala")
+    runners = 2 if algo in ("appo", "impala") else 0
+    return cfg.env_runners(num_env_runners=runners, num_envs_per_env_runner=4 // max(1, runners)).debugging(seed=seed)
+
+
+def learn(algo: str, wrapped: bool, env_steps: int, seed: int = 0) -> list[tuple[int, float]]:
+    """Train until ``env_steps`` env steps were sampled; (lifetime steps, episode_return_mean)
+    per iteration. ``wrapped``: through ``auturi.wrap`` with its default (the online tuner)."""
+    import auturi
+
+    cfg = learning_config(algo, seed)
+    if wrapped:
+        auturi.wrap(cfg, budget={"cache": False})
+    algo_obj = cfg.build_algo()
+    curve: list[tuple[int, float]] = []
+    try:
+        while not curve or curve[-1][0] < env_steps:
+            er = algo_obj.train()["env_runners"]
+            curve.append((int(er["num_env_steps_sampled_lifetime"]), float(er.get("episode_return_mean", "nan"))))
+    finally:
+        algo_obj.stop()
+    return curve
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m bench.rllib_peer learn --algo dqn --steps 20000 --seeds 0 1``: plain RLlib vs
+    ``auturi.wrap``, the mean episode return over the last quarter of each run."""
+    import argparse
+
+    import numpy as np
+
+    p = argparse.ArgumentParser(prog="python -m bench.rllib_peer")
+    p.add_argument("mode", choices=["learn"])
+    p.add_argument("--algo", default="appo", choices=["dqn", "sac", "appo", "impala"])
+    p.add_argument("--steps", type=int, default=20_000)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = p.parse_args(argv)
+    ensure_ray(2)
+    try:
+        for seed in args.seeds:
+            for wrapped in (False, True):
+                curve = learn(args.algo, wrapped, args.steps, seed)
+                tail = [r for _, r in curve[len(curve) * 3 // 4:]]
+                print(f"{args.algo} seed {seed} {'auturi' if wrapped else 'rllib '}: {curve[-1][0]} steps, "
+                      f"{len(curve)} iterations, last-quarter episode_return_mean {np.nanmean(tail):.1f}", flush=True)
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,5 @@
-"""One line around an RLlib ``AlgorithmConfig`` (new API stack, PPO): :func:`wrap_rllib`.
+"""One line around an RLlib ``AlgorithmConfig`` (new API stack; PPO, APPO, IMPALA, DQN, SAC):
+:func:`wrap_rllib`.
 
 ``wrap_rllib(config)`` returns the same config object, set up so that the algorithm it builds
 samples through an Auturi executor::
@@ -21,15 +22,21 @@ How it fits into RLlib:
   ``sample()`` runs ``executor.collect(T)`` (``T`` = the rollout fragment per env) and turns the
   time-major rollout into ``SingleAgentEpisode`` chunks, continuing ongoing episodes across
   calls (same id, ``cut()`` with the configured lookback) exactly as RLlib's runner does;
-- the policy replicas run :class:`RLModulePolicy`: the RLModule's ``forward_exploration`` and
-  the module's own action distribution, but the action is drawn from the executor's per-env,
-  per-step uniforms (inverse CDF for Categorical, ``loc + scale * ndtri(u)`` for DiagGaussian),
-  so the data never depend on the layout. Weights reach the replicas once per training
-  iteration (after RLlib's weight sync), through ``executor.set_policy_state``;
+- the policy replicas run :class:`RLModulePolicy`: the RLModule's own exploration (its action
+  distribution for PPO, APPO, IMPALA and SAC; epsilon-greedy for DQN, with the runner's
+  current epsilon), but every random draw comes from the executor's per-env, per-step
+  uniforms, so the data never depend on the layout. Weights (and DQN's epsilon) reach the
+  replicas through ``executor.set_policy_state`` before the next collect after they change;
 - the envs are rebuilt in the workers from ``config.env`` (a gymnasium id, a ``register_env``
   name or an env creator) and ``env_config`` by :class:`RLlibEnvFactory`.
 
-Importing this module imports neither ray nor torch: env workers unpickle its env factories.
+The parts: :mod:`~auturi.adapters.rllib.base` (the error type, the options attribute),
+:mod:`~auturi.adapters.rllib.envs` (env recipes, run in env workers),
+:mod:`~auturi.adapters.rllib.policy` (the replicas' policy), :mod:`~auturi.adapters.rllib.runner`
+(the EnvRunner and its handle), :mod:`~auturi.adapters.rllib.wrap` (what is supported, wrap and
+unwrap).
+
+Importing this package imports neither ray nor torch: env workers unpickle its env factories.
 The EnvRunner class itself (a ``SingleAgentEnvRunner`` subclass) is created on first access of
 ``auturi.adapters.rllib.AuturiEnvRunner``.
 """

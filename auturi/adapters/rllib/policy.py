@@ -98,7 +98,7 @@ class RLModulePolicy:
         """The module's weights, plus :data:`EPSILON_KEY` for ``epsilon_greedy``."""
         state = module_state(self.module)
         if self.kind == "epsilon_greedy":
-            state[EPSILON_KEY] = np.asarray(self.epsilon, np.float64)
+            state[EPSILON_KEY] = np.array([self.epsilon], np.float64)  # 1-d: weight blocks hold arrays
         return state
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -106,7 +106,7 @@ class RLModulePolicy:
 
         weights = dict(state)
         if EPSILON_KEY in weights:
-            self.epsilon = float(np.asarray(weights.pop(EPSILON_KEY)))
+            self.epsilon = float(np.asarray(weights.pop(EPSILON_KEY)).reshape(-1)[0])
         self.module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
 
     def act(self, obs: np.ndarray, noise: np.ndarray):
