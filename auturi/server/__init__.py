@@ -8,14 +8,20 @@ app), ``metrics`` (Prometheus), ``page`` with ``page.html`` (the page, package d
 
 Endpoints (all ``GET``):
 
-- ``/status``: phase, current and best config, throughput now and best, trials done, budget
-  left, hardware (JSON, :class:`StatusModel`);
+- ``/status``: phase, current and best config (and the best as an ``auturi.Config(...)``
+  line), throughput now and best, trials done, budget left, the env, whether this is a tuning
+  or a training run, and the recorded training collects' counters and latest time split
+  (JSON, :class:`StatusModel`);
 - ``/trials``: every trial with its samples (JSON, :class:`TrialsModel`; ``offset``,
   ``limit``, ``status``, ``source`` filter it);
-- ``/metrics``: the same numbers in the Prometheus text format;
+- ``/history``: the recorded training collects over wall time, each with its layout and time
+  split (JSON, :class:`HistoryModel`; the latest 1,000);
+- ``/metrics``: the same numbers in the Prometheus text format, with bounded label sets
+  (:mod:`auturi.server.metrics`; needs ``prometheus_client``);
 - ``/healthz``: liveness;
-- ``/``: a self-contained page (no external script) that plots throughput per trial and
-  refreshes itself;
+- ``/``: a self-contained page (no external script) that refreshes itself: while tuning,
+  configs ranked by throughput with intervals and the choice's config line; while training,
+  throughput over wall time with the reconfigures marked and where the time goes;
 - ``/openapi.json``: the schema.
 
 ``source`` is any object with ``status() -> dict`` and ``trials() -> list[dict]``, such as a
@@ -23,7 +29,8 @@ Endpoints (all ``GET``):
 a :class:`StatusSnapshot` fed by the tuner's callback: the tuner's thread publishes a new
 snapshot (one reference assignment, no lock) at each event, between collects, and a request
 only reads the latest one. A raw tuner works too, but then every request computes the status
-in the server thread.
+in the server thread. A training loop also calls :meth:`StatusSnapshot.record_collect` after
+each collect (the page's timeline, the step counters, the time split).
 
 Security: the server binds loopback (``127.0.0.1``) by default. Binding any other address
 requires a ``token``; then every request must carry it, as ``Authorization: Bearer TOKEN`` or
