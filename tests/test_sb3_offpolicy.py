@@ -1,0 +1,134 @@
+"""auturi.wrap around Stable-Baselines3 off-policy models (``auturi.adapters.sb3.off_policy``).
+
+The replay buffer a wrapped model fills must be what SB3's own loop fills: bit for bit for DQN
+acting greedily, within float rounding for TD3's deterministic actor, under serial and a
+two-actor config, across ``learning_starts`` and ``train_freq``, with training in between
+(both runs draw the same replay samples from the same global numpy stream). Warm-up actions
+are auturi's (per-env seeded streams, not ``action_space.sample()``): the reference replays
+them through SB3's loop, which checks everything else about those steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+
+from stable_baselines3 import DQN, SAC, TD3
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.noise import OrnsteinUhlenbeckActionNoise
+
+from auturi import Config
+from auturi.adapters.sb3 import unwrap_sb3, wrap_sb3
+from tests.test_sb3_wrap import one_thread  # noqa: F401 - a fixture
+
+N = 4
+KEYS = ["observations", "next_observations", "actions", "rewards", "dones", "timeouts"]
+CONFIGS = {"serial": Config.serial(N), "two-actors": Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)}
+
+
+def buffer_of(model) -> dict[str, np.ndarray]:
+    b = model.replay_buffer
+    return {k: getattr(b, k)[:b.pos].copy() for k in KEYS}
+
+
+def make(algo: str, learning_starts: int, train_freq):
+    if algo == "dqn":
+        env = make_vec_env("CartPole-v1", n_envs=N, seed=3)
+        return DQN("MlpPolicy", env, learning_starts=learning_starts, train_freq=train_freq, buffer_size=2000,
+                   batch_size=16, exploration_initial_eps=0.0, exploration_final_eps=0.0, target_update_interval=20,
+                   policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
+    env = make_vec_env("Pendulum-v1", n_envs=N, seed=3, env_kwargs={"max_episode_steps": 25})
+    return TD3("MlpPolicy", env, learning_starts=learning_starts, train_freq=train_freq, buffer_size=2000,
+               batch_size=16, policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
+
+
+def reference(algo: str, learning_starts: int, train_freq, warmup_actions: np.ndarray) -> dict[str, np.ndarray]:
+    """Unwrapped SB3, greedy (DQN's predict without its coin: eps 0 would still draw it from
+    numpy's global stream, which the replay sampling shares), taking ``warmup_actions`` (the
+    wrapped run's stored ones) before ``learning_starts``."""
+    model = make(algo, learning_starts, train_freq)
+    own = model._sample_action
+
+    def sample(ls, action_noise=None, n_envs=1):
+        if model.num_timesteps < ls:
+            stored = warmup_actions[model.num_timesteps // n_envs]
+            if algo == "dqn":
+                return stored.reshape(n_envs), stored.reshape(n_envs)
+            return model.policy.unscale_action(stored), stored
+        return own(ls, action_noise, n_envs)
+
+    model._sample_action = sample
+    if algo == "dqn":
+        model.predict = lambda obs, state=None, episode_start=None, deterministic=False: model.policy.predict(
+            obs, state, episode_start, True)
+    model.learn(240)
+    return buffer_of(model)
+
+
+def wrapped(algo: str, learning_starts: int, train_freq, config: Config) -> dict[str, np.ndarray]:
+    model = wrap_sb3(make(algo, learning_starts, train_freq), config=config, tune=False)
+    try:
+        model.learn(240)
+    finally:
+        unwrap_sb3(model)
+    return buffer_of(model)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("algo,learning_starts,train_freq", [
+    ("dqn", 0, 4), ("dqn", 50, (3, "step")), ("td3", 30, 1), ("td3", 0, (2, "step"))])
+def test_replay_buffer_equals_unwrapped_sb3(algo, learning_starts, train_freq, config, one_thread):  # noqa: F811
+    got = wrapped(algo, learning_starts, train_freq, CONFIGS[config])
+    ref = reference(algo, learning_starts, train_freq, got["actions"])
+    assert len(got["dones"]) == 240 // N
+    assert got["dones"].any(), "the run must cross episode ends (terminal observations, resets)"
+    if algo == "td3":
+        assert got["timeouts"].any()  # Pendulum truncates (25 steps here): timeouts must reach the buffer
+    warm = -(-learning_starts // N)
+    if warm:  # auturi's warm-up actions: drawn per env and step (both CartPole actions; all Box draws differ)
+        assert len(np.unique(got["actions"][:warm])) == (2 if algo == "dqn" else warm * N)
+    for key in KEYS:
+        if algo == "dqn" or key in ("dones", "timeouts"):
+            np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+        else:  # the actor runs in replicas on other batch sizes: float rounding
+            np.testing.assert_allclose(got[key], ref[key], rtol=1e-4, atol=1e-4, err_msg=key)
+
+
+def test_sac_with_normal_noise_is_the_same_on_every_config(one_thread):  # noqa: F811
+    """SAC samples, and action noise is added, from the executor's per-env streams: the same
+    buffer under serial and two actors, actions inside [-1, 1], the noise visibly there."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    def run(config):
+        env = make_vec_env("Pendulum-v1", n_envs=N, seed=1)
+        model = SAC("MlpPolicy", env, learning_starts=8, train_freq=2, buffer_size=500, batch_size=8, seed=1,
+                    device="cpu", policy_kwargs={"net_arch": [8]},
+                    action_noise=NormalActionNoise(np.zeros(1), 0.3 * np.ones(1)))
+        wrap_sb3(model, config=config, tune=False)
+        try:
+            model.learn(64)
+        finally:
+            unwrap_sb3(model)
+        return buffer_of(model)
+
+    a, b = run(CONFIGS["serial"]), run(CONFIGS["two-actors"])
+    for key in KEYS:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-4, err_msg=key)
+    assert np.abs(a["actions"]).max() <= 1.0 and len(np.unique(a["actions"])) > 8
+
+
+def test_errors_for_her_gsde_and_stateful_noise():
+    from stable_baselines3 import HerReplayBuffer
+
+    with pytest.raises(NotImplementedError, match="gSDE"):
+        wrap_sb3(SAC("MlpPolicy", "Pendulum-v1", use_sde=True, buffer_size=100, device="cpu"))
+    with pytest.raises(NotImplementedError, match="Ornstein"):
+        wrap_sb3(TD3("MlpPolicy", "Pendulum-v1", buffer_size=100, device="cpu",
+                     action_noise=OrnsteinUhlenbeckActionNoise(np.zeros(1), np.ones(1))))
+    from stable_baselines3.common.envs import BitFlippingEnv
+
+    her = DQN("MultiInputPolicy", BitFlippingEnv(n_bits=4, max_steps=4), buffer_size=100, device="cpu",
+              replay_buffer_class=HerReplayBuffer, replay_buffer_kwargs={"n_sampled_goal": 2})
+    with pytest.raises(NotImplementedError, match="HerReplayBuffer"):
+        wrap_sb3(her)
