@@ -68,11 +68,19 @@ def unwrap(obj):
     RLlib AlgorithmConfig: restore its EnvRunner settings; RLlib Algorithm: end the executor's
     workers (its runner samples with RLlib's own loop from then on). Returns ``obj``.
 
-    Example (SB3)::
+    Example (SB3; a fixed serial layout, so nothing is tuned and no process starts):
 
-        model = auturi.wrap(PPO("MlpPolicy", env))
-        model.learn(10_000)
-        auturi.unwrap(model)          # the executor's workers have ended here
+    >>> import auturi
+    >>> from stable_baselines3 import PPO
+    >>> model = PPO("MlpPolicy", "CartPole-v1", n_steps=32, batch_size=32, n_epochs=1)
+    >>> model = auturi.wrap(model, config=auturi.Config.serial(1), backend="serial")
+    >>> _ = model.learn(64)
+    >>> model.auturi.collects          # both rollouts were collected by Auturi's executor
+    2
+    >>> auturi.unwrap(model) is model
+    True
+    >>> hasattr(model, "auturi")       # workers ended; learn() runs SB3's own loop again
+    False
     """
     if "ray" in {c.__module__.split(".")[0] for c in type(obj).__mro__}:
         from auturi.adapters.rllib import unwrap_rllib

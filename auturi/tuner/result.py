@@ -63,7 +63,24 @@ class TuneResult:
 
     ``startup_seconds``: from the process's start to the first measurement (imports, env
     and policy set-up, fingerprints), when the caller measured it (``auturi tune`` does);
-    ``setup_seconds``: the part of it inside :meth:`Tuner.tune`."""
+    ``setup_seconds``: the part of it inside :meth:`Tuner.tune`.
+
+    :func:`auturi.tune` and :meth:`Tuner.tune` return one; ``save`` and ``load`` keep it as
+    JSON (the record ``auturi tune --out`` writes and ``auturi show`` prints):
+
+    >>> import os, tempfile, auturi, gymnasium as gym
+    >>> from auturi.envs import CountingEnv
+    >>> result = auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=2,
+    ...                      num_steps=4, budget_trials=1, max_trial_seconds=0.5, backend="serial", cache=False)
+    >>> result.choice == result.start == auturi.Config.serial(2)   # one trial: the start, serial
+    True
+    >>> [t.source for t in result.trials], result.speedup("serial")
+    (['start'], 1.0)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     saved = auturi.TuneResult.load(result.save(os.path.join(d, "tuned.json")))
+    >>> saved.choice == result.choice, saved.num_steps
+    (True, 4)
+    """
 
     choice: Config
     reason: str

@@ -81,7 +81,20 @@ class SearchSpace:
     """Valid configs (``configs``) and pruned points with their reason (``pruned``).
 
     ``configs`` are in a fixed, deterministic order (by total, then actors, degree, replicas,
-    batch and device); the grid strategy walks them in that order.
+    batch and device); the grid strategy walks them in that order. :func:`build_space`
+    makes one; a :class:`~auturi.Tuner` takes it as ``space=`` to search only part of it.
+
+    >>> import auturi
+    >>> space = auturi.build_space(4, cores=2, devices=["cpu"])
+    >>> len(space), space.values("num_actors")
+    (25, [1, 2, 4])
+    >>> auturi.Config.serial(4) in space, space.index(auturi.Config.serial(4)) < len(space)
+    (True, True)
+    >>> no_full_batch = auturi.Config(envs_per_actor=4, policies_per_actor=2, policy_batch_size=4)
+    >>> no_full_batch in space
+    False
+    >>> space.reason_pruned(no_full_batch)
+    'policies_per_actor*policy_batch_size (8) > envs_per_actor (4): a replica could never get a full batch'
     """
 
     totals: tuple[int, ...]
@@ -232,6 +245,13 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
 
     Raises:
         ValueError: a total is not a positive integer.
+
+    >>> import auturi
+    >>> print(auturi.build_space(4, cores=2, devices=["cpu"]).summary())
+    25 configs for 4 envs on 2 cores (cpu); 11 pruned (11 policies_per_actor*policy_batch_size > envs_per_actor)
+    >>> wide = auturi.build_space(8, cores=2, devices=["cpu"], num_envs_options=[4, 16])
+    >>> wide.totals, wide.reason_pruned(auturi.Config(num_actors=4, envs_per_actor=4, env_parallel_degree=4))
+    ((4, 8, 16), 'more processes (16) than 4x cores (2)')
     """
     totals = sorted({int(num_envs), *(int(n) for n in (num_envs_options or ()))})
     if totals[0] < 1:
