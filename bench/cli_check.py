@@ -68,7 +68,7 @@ def remeasure(name: str, configs: dict, rounds: int, collects: dict | None = Non
     of them, more once the spread of the collects seen here calls for more."""
     import auturi
     from auturi.cli import _probe_spaces, build_policy, resolve_env_spec
-    from auturi.tuner.measure import collects_per_sample, sample_throughput
+    from auturi.tuner.measure import Trial, collects_per_sample, regroup, sample_throughput
     from bench.common import interleave
 
     env, n, steps, _ = WORKLOADS[name]
@@ -83,14 +83,23 @@ def remeasure(name: str, configs: dict, rounds: int, collects: dict | None = Non
             executors[key] = ex
             ex.collect(steps)  # warm-up
         seen: dict[str, list[float]] = {key: [] for key in executors}
+        sizes: dict[str, list[int]] = {key: [] for key in executors}
         length = {key: int((collects or {}).get(key, 1)) for key in executors}
 
         def sample(key, ex):
             length[key] = max(length[key], collects_per_sample(seen[key]))  # as the confirm rounds grow theirs
-            return sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter, min_collects=length[key],
-                                     collect_rates=seen[key])
+            before = len(seen[key])
+            sps = sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter, min_collects=length[key],
+                                    collect_rates=seen[key])
+            sizes[key].append(len(seen[key]) - before)
+            return sps
 
         samples = interleave(executors, rounds, sample)
+        for key in samples:  # samples taken before the length grew are regrouped, as the confirm's are
+            tr = Trial(config=auturi.Config.from_dict(configs[key]), samples=samples[key], status="ok",
+                       collect_rates=seen[key], sample_collects=sizes[key], collects_per_sample=length[key])
+            regroup(tr)
+            samples[key] = tr.samples
         return {**samples, "_collects_per_sample": length}
     finally:
         for ex in executors.values():

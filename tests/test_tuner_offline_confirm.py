@@ -76,11 +76,13 @@ def test_confirm_rounds_go_on_while_the_intervals_are_wide_and_the_budget_allows
     protocol = MeasureProtocol(min_sample_seconds=0.0, max_seconds=None)
     result = Tuner(Only(), cache=False, clock=noisy.clock, protocol=protocol, confirm_rounds=6).tune(noisy, 10)
     confirm = [t for t in result.final if t.source == "confirm"]
-    assert {t.n for t in confirm} == {6} and result.budget["confirm_rounds"] == 6
+    assert result.budget["confirm_rounds"] == 6 and all(t.n >= 3 for t in confirm)
+    assert all(len(t.collect_rates) >= 6 for t in confirm)
     tight = FakeExecutor(4, lambda c: BASE[c], noise=0.2, seed=5, config=SPREAD)
     result = Tuner(Only(), cache=False, clock=tight.clock, protocol=protocol, budget_seconds=0.5).tune(tight, 10)
     confirm = [t for t in result.final if t.source == "confirm"]
     assert {t.n for t in confirm} == {3}  # the budget is spent: the 3 an interval needs, no more
+    assert result.budget["confirm_rounds"] == 1  # one round of 3 samples: the baselines spent the budget
 
 
 def test_the_record_keeps_each_collect_and_the_sample_length():
@@ -98,3 +100,32 @@ def test_the_record_keeps_each_collect_and_the_sample_length():
     back = [Trial.from_dict(t) for t in confirm]  # a results file re-analysed: nothing lost
     assert [(b.collect_rates, b.collects_per_sample) for b in back] == \
         [(t["collect_rates"], t["collects_per_sample"]) for t in confirm]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_budget_caps_the_sample_length(seed):
+    """A spread made by a busy machine (or a heavy tail) must not make the confirm rounds
+    overrun the budget: without one the serial samples grow to 64 collects (~25 s here)."""
+    ex = HeavyTailExecutor(BASE, TAILS, seed=seed)
+    ex.reconfigure(SPREAD)
+    protocol = MeasureProtocol(min_sample_seconds=0.0, max_seconds=None)
+    result = Tuner(Only(), cache=False, clock=ex.clock, protocol=protocol, budget_seconds=4.0).tune(ex, 10)
+    assert result.seconds <= 4.0
+    serial = result.reference_trial("serial")
+    assert 1 < serial.collects_per_sample < 64 and serial.n >= 3
+
+
+def test_samples_taken_before_the_length_grew_are_regrouped():
+    """One-collect samples taken before a slow collect showed would mostly miss the slow
+    ones: the trial's collects are regrouped into samples of the final length."""
+    from auturi.tuner.measure import regroup
+
+    t = Trial(config=SERIAL, status="ok", collects_per_sample=4)
+    t.collect_rates = [100.0, 100.0, 20.0, 100.0] + [100.0, 20.0, 100.0, 100.0] * 2
+    t.samples, t.sample_collects = [100.0, 100.0, 20.0, 100.0, 1.0, 1.0], [1, 1, 1, 1, 4, 4]
+    regroup(t)
+    assert t.sample_collects == [4, 4, 4] and t.samples == [pytest.approx(4 / (3 / 100 + 1 / 20))] * 3
+    short = Trial(config=SERIAL, status="ok", collects_per_sample=4, collect_rates=[100.0] * 6,
+                  samples=[100.0] * 6, sample_collects=[1] * 6)
+    regroup(short)  # 6 collects: samples of 2, so that 3 remain
+    assert short.sample_collects == [2, 2, 2]

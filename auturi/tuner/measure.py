@@ -164,7 +164,9 @@ class Trial:
     """Steps/s of each single collect inside the measured samples (offline; one sample may
     aggregate several): their spread sizes later samples (:func:`collects_per_sample`)."""
     collects_per_sample: int = 1
-    """The fewest collects one measured sample aggregated (see :func:`collects_per_sample`)."""
+    """The collects one measured sample aggregates at least (see :func:`collects_per_sample`)."""
+    sample_collects: list[int] = field(default_factory=list, repr=False, compare=False)
+    """How many of ``collect_rates`` each sample holds (offline interleaved rounds; not saved)."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -449,6 +451,7 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
                           deadline: float | None = None, source: str = "final",
                           on_sample: Callable[[Trial, float], None] | None = None,
                           min_collects: dict[Config, int] | None = None, resize: bool = False,
+                          max_collects: dict[Config, int] | None = None,
                           stop_when_separated: bool = True, budget_min_samples: int = 2) -> list[Trial]:
     """Re-measure ``configs`` in rounds (reconfigure, warm-up, ``samples_per_round``
     measured samples each visit) so slow drifts of the machine hit all of them alike.
@@ -462,7 +465,8 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
     ``deadline`` (``budget``). A sample of config ``c`` is at least ``min_collects[c]``
     collects (default 1) and the protocol's ``min_sample_seconds``; with ``resize``, before
     each sample, more when the collects seen so far in these rounds call for more
-    (:func:`collects_per_sample`: a rare slow collect may show only here).
+    (:func:`collects_per_sample`: a rare slow collect may show only here), up to
+    ``max_collects[c]`` (default :data:`MAX_COLLECTS_PER_SAMPLE`).
     Returns one trial per config (source ``source``), in the given order.
     """
     p = protocol or MeasureProtocol()
@@ -473,7 +477,8 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
         r0 = clock()
         for tr in (trials if r % 2 == 0 else trials[::-1]):
             _visit(executor, tr, num_steps, p.warmup_collects if tr is not last else 0, samples_per_round,
-                   clock, on_sample, p.min_sample_seconds, resize)
+                   clock, on_sample, p.min_sample_seconds,
+                   (max_collects or {}).get(tr.config, MAX_COLLECTS_PER_SAMPLE) if resize else 0)
             last = tr
         live = [t for t in trials if t.status != "invalid"]
         if r + 1 >= min_rounds and all(t.half_width <= p.rel_half_width * t.estimate for t in live):
@@ -489,16 +494,37 @@ def remeasure_interleaved(executor: Any, configs: Sequence[Config], num_steps: i
             reason = "budget"
             break
     for tr in trials:
+        if resize:
+            regroup(tr)
         if tr.status == "running":
             tr.status, tr.stop_reason = "ok", reason
     return trials
 
 
+def regroup(trial: Trial) -> None:
+    """When ``trial``'s sample length grew while it was measured (a slow collect showed
+    late), its earlier, shorter samples would mostly have missed the slow collects and pull
+    the median up: its collects, in the order taken, are regrouped into samples of the final
+    length (each: their steps over their seconds; the last takes any leftover collects),
+    shorter when that leaves fewer than 3 samples (an interval needs them)."""
+    rates, sizes = trial.collect_rates, trial.sample_collects
+    if not sizes or sum(sizes) != len(rates) or min(sizes) >= max(trial.collects_per_sample, max(sizes)):
+        return  # nothing grew, or the collects do not add up to the samples (then leave them)
+    m = max(1, min(max(trial.collects_per_sample, max(sizes)), len(rates) // MIN_INTERVAL_SAMPLES))
+    k = max(1, len(rates) // m)
+    bounds = [i * m for i in range(k)] + [len(rates)]
+    groups = [rates[a:b] for a, b in zip(bounds, bounds[1:])]
+    # One config's collects all take the same steps: a group's rate is their count over their summed 1/rate.
+    trial.samples = [len(g) / sum(1.0 / r for r in g) for g in groups]
+    trial.sample_collects = [len(g) for g in groups]
+
+
 def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, clock: Callable[[], float],
            on_sample: Callable[[Trial, float], None] | None, min_sample_seconds: float = 0.0,
-           resize: bool = False) -> None:
+           resize_up_to: int = 0) -> None:
     """One visit of the interleaved re-measure: reconfigure, warm up, measure (with
-    ``resize``, each sample as long as the collects seen so far call for)."""
+    ``resize_up_to`` > 0, each sample as long as the collects seen so far call for, up to
+    that many collects)."""
     if tr.status == "invalid":
         return
     s0 = clock()
@@ -509,11 +535,14 @@ def _visit(executor: Any, tr: Trial, num_steps: int, warmup: int, samples: int, 
             c0 = clock()
             tr.warmup.append(throughput_of(executor.collect(num_steps), clock() - c0, steps))
         for _ in range(samples):
-            if resize:
-                tr.collects_per_sample = max(tr.collects_per_sample, collects_per_sample(tr.collect_rates))
+            before = len(tr.collect_rates)
+            if resize_up_to > 0:
+                wanted = max(tr.collects_per_sample, collects_per_sample(tr.collect_rates))
+                tr.collects_per_sample = min(wanted, max(resize_up_to, tr.collects_per_sample))
             sps = sample_throughput(executor, num_steps, steps, min_sample_seconds, clock,
                                     min_collects=tr.collects_per_sample, collect_rates=tr.collect_rates)
             tr.samples.append(sps)
+            tr.sample_collects.append(len(tr.collect_rates) - before)
             if on_sample is not None:
                 on_sample(tr, sps)
     except ConfigError as e:

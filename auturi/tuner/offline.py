@@ -20,6 +20,7 @@ from typing import Any
 
 from auturi.config import Config
 from auturi.tuner.measure import (
+    MAX_COLLECTS_PER_SAMPLE,
     MIN_INTERVAL_SAMPLES,
     MeasureProtocol,
     Trial,
@@ -113,6 +114,7 @@ class Tuner(_Session):
         if top_k > 0 and final_rounds[1] > 0:
             self.search_budget_share = 1.0 - FINAL_SHARE
         self.confirm_tolerance = confirm_tolerance
+        self._taken: dict[int, int] = {}  # samples taken by id(trial) in the interleaved rounds (before regrouping)
 
     def _measure(self, executor: Any, config: Config, num_steps: int, source: str) -> Trial:
         trial = Trial(config=config, source=source)
@@ -206,12 +208,31 @@ class Tuner(_Session):
         more rounds while the intervals are wide and the budget allows; a tight ranking does
         not end them (their point is the printed ratios, not the ranking)."""
         rounds, per, _, _ = plan
-        collects = {c: self._collects_per_sample(c) for c in configs}  # the final rounds' collects count too
+        configs = list(dict.fromkeys(configs))
+        cap = self._collects_cap(configs)
+        # The final rounds' collects count too; the budget caps the length.
+        collects = {c: min(self._collects_per_sample(c), cap.get(c, MAX_COLLECTS_PER_SAMPLE)) for c in configs}
         deadline = None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds
-        return self._remeasure(executor, list(dict.fromkeys(configs)), num_steps,
+        return self._remeasure(executor, configs, num_steps,
                                rounds=(rounds, max(rounds, self.confirm_rounds)), samples=per, source="confirm",
-                               deadline=deadline, min_collects=collects, resize=True, stop_when_separated=False,
-                               budget_min_samples=MIN_INTERVAL_SAMPLES)
+                               deadline=deadline, min_collects=collects, max_collects=cap, resize=True,
+                               stop_when_separated=False, budget_min_samples=MIN_INTERVAL_SAMPLES)
+
+    def _collects_cap(self, configs: list[Config]) -> dict[Config, int]:
+        """The most collects per confirm sample for each config such that 3 samples of every
+        one fit in what is left of ``budget_seconds`` (an equal share each; at least 1), so
+        a spread made by a busy machine cannot make the confirm overrun the budget by much.
+        Empty without a budget."""
+        if self.budget_seconds is None or self.t0 is None:
+            return {}
+        share = max(0.0, self.t0 + self.budget_seconds - self.clock()) / max(1, len(configs))
+        cap = {}
+        for c in configs:
+            reconf, per_collect = self._collect_seconds(c)
+            room = share - reconf - per_collect * self.protocol.warmup_collects
+            cap[c] = MAX_COLLECTS_PER_SAMPLE if per_collect <= 0 else \
+                max(1, min(MAX_COLLECTS_PER_SAMPLE, int(room / (MIN_INTERVAL_SAMPLES * per_collect))))
+        return cap
 
     def _remeasure(self, executor: Any, configs: list[Config], num_steps: int, *, rounds: int | tuple[int, int],
                    samples: int, source: str, deadline: float | None, **kw: Any) -> list[Trial]:
@@ -237,9 +258,9 @@ class Tuner(_Session):
         return trials
 
     def _rounds_run(self, per_round: int) -> int:
-        """How many confirm rounds ran (the most samples of a confirm trial over the samples
-        per round)."""
-        n = max((t.n for t in self.final if t.source == "confirm"), default=0)
+        """How many confirm rounds ran (the most samples a confirm trial took, before any
+        regrouping, over the samples per round)."""
+        n = max((self._taken.get(id(t), t.n) for t in self.final if t.source == "confirm"), default=0)
         return -(-n // per_round) if per_round else 0
 
     def _decide(self, executor: Any, finalists: list[Config], num_steps: int, reserve: float) -> Trial | None:
@@ -270,6 +291,7 @@ class Tuner(_Session):
 
     def _final_sample(self, trial: Trial, value: float) -> None:
         self.current = trial
+        self._taken[id(trial)] = self._taken.get(id(trial), 0) + 1
         self._emit("sample", trial, value)
 
     def _cache_confirmed(self, start: Config, serial: Config) -> bool:
@@ -311,12 +333,17 @@ class Tuner(_Session):
     def _visit_cost(self, config: Config, samples: int, collects: int = 1) -> float:
         """Seconds one visit of the interleaved re-measure (reconfigure, warm-up, ``samples``
         samples of ``collects`` collects) should take, from the config's search trial."""
+        reconf, per_collect = self._collect_seconds(config)
+        return reconf + per_collect * (self.protocol.warmup_collects + samples * collects)
+
+    def _collect_seconds(self, config: Config) -> tuple[float, float]:
+        """``(reconfigure seconds, seconds per collect)`` of ``config``'s search trial (zeros
+        when it has none)."""
         t = next((t for t in self.history if t.config == config and t.ok), None)
         if t is None:
-            return 0.0
+            return 0.0, 0.0
         n_collects = len(t.warmup) + (len(t.collect_rates) or len(t.samples))
-        per_collect = max(0.0, t.seconds - t.reconfigure_seconds) / max(1, n_collects)
-        return t.reconfigure_seconds + per_collect * (self.protocol.warmup_collects + samples * collects)
+        return t.reconfigure_seconds, max(0.0, t.seconds - t.reconfigure_seconds) / max(1, n_collects)
 
     def _collects_per_sample(self, config: Config) -> int:
         """Collects per sample for ``config``'s confirm rounds, from the spread of its single
