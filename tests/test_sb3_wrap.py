@@ -665,10 +665,38 @@ def test_error_unrebuildable_env_and_env_fn(one_thread):
         unwrap_sb3(model)
 
 
-def test_error_unknown_gym_wrapper():
-    env = make_vec_env("CartPole-v1", n_envs=2, wrapper_class=OpaqueWrapper, wrapper_kwargs={"scale": 2})
-    model = PPO("MlpPolicy", env, n_steps=8, device="cpu")
-    with pytest.raises(EnvRebuildError, match="OpaqueWrapper.*env_fn="):
+def test_script_wrapper_is_copied_by_pickling(one_thread):
+    """A wrapper class written in the training script (its arguments unrecorded) is copied
+    with cloudpickle, as SB3's SubprocVecEnv ships it, and runs in the env workers."""
+
+    class ScaleReward(gym.Wrapper):  # local: cloudpickle copies the class by value
+        def __init__(self, env, scale):
+            super().__init__(env)
+            self.scale = scale
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return obs, reward * self.scale, terminated, truncated, info
+
+    env = make_vec_env(lambda: ScaleReward(gym.make("CartPole-v1"), 3.0), n_envs=2)
+    model = PPO("MlpPolicy", env, n_steps=8, device="cpu", seed=0)
+    wrap_sb3(model, config=Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2), tune=False)
+    try:
+        model.learn(16)
+        assert (model.rollout_buffer.rewards == 3.0).all()  # the wrapper ran, in both env lanes
+    finally:
+        unwrap_sb3(model)
+
+
+def test_error_unpicklable_script_wrapper():
+    class LockedWrapper(OpaqueWrapper):
+        def __init__(self, env):
+            super().__init__(env, scale=1)
+            self.lock = threading.Lock()
+
+    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, wrapper_class=LockedWrapper), n_steps=8,
+                device="cpu")
+    with pytest.raises(EnvRebuildError, match="LockedWrapper.*pickling.*env_fn="):
         wrap_sb3(model, tune=False)
 
 

@@ -218,15 +218,22 @@ def _base_recipe(base: gym.Env, where: str) -> tuple:
     spec = getattr(base, "spec", None)
     if spec is not None and getattr(spec, "id", None) in gym.registry:
         return ("make", spec)
+    return _pickled(base, where, "was not made from a registered gymnasium id")
+
+
+def _pickled(env: gym.Env, where: str, why: str) -> tuple:
+    """A copy of the live ``env`` instance (with everything it wraps), as SB3's SubprocVecEnv
+    would ship its factory: cloudpickle. A class defined in the training script pickles by
+    value."""
     import cloudpickle
 
     try:
-        blob = cloudpickle.dumps(base)
+        blob = cloudpickle.dumps(env)
         copy = cloudpickle.loads(blob)
     except Exception as exc:
         raise EnvRebuildError(
-            f"{where}: the env {type(base).__name__} was not made from a registered gymnasium id and cannot be "
-            f"copied to another process by pickling ({type(exc).__name__}: {exc}); {ENV_FN_HINT}") from exc
+            f"{where}: the env {type(env).__name__} {why} and cannot be copied to another process by pickling "
+            f"({type(exc).__name__}: {exc}); {ENV_FN_HINT}") from exc
     try:
         copy.close()
     except Exception:  # noqa: BLE001
@@ -239,6 +246,7 @@ def _recipe_from_env(env: gym.Env, where: str) -> EnvFactory:
     chain = _gym_chain(env)
     base = chain[-1]
     layers: list[tuple] = []
+    recipe: tuple | None = None  # a pickled copy of an unrecorded wrapper and all inside it
     wrappers = chain[:-1][::-1]  # innermost first
     k = 0
     atari_inner = {"StickyActionEnv", "NoopResetEnv", "MaxAndSkipEnv", "EpisodicLifeEnv", "FireResetEnv",
@@ -272,13 +280,14 @@ def _recipe_from_env(env: gym.Env, where: str) -> EnvFactory:
             kw = {key: v for key, v in w._saved_kwargs.items() if key != "env"}
             layers.append(("kwargs", cls, kw))
         else:
-            raise EnvRebuildError(
-                f"{where}: the wrapper {cls.__module__}.{cls.__name__} cannot be re-created in another process "
-                f"(its constructor arguments are not recorded; gymnasium wrappers that subclass "
-                f"gymnasium.utils.RecordConstructorArgs are); {ENV_FN_HINT}")
+            # A wrapper whose arguments are not recorded (one written in the training script):
+            # copy it, with all it wraps, as one pickled base; the layers inside it go with it.
+            why = (f"is a wrapper ({cls.__module__}.{cls.__name__}) whose constructor arguments are not recorded "
+                   f"(gymnasium wrappers that subclass gymnasium.utils.RecordConstructorArgs are)")
+            recipe, layers = _pickled(w, where, why), []
         k += 1
     name = base.spec.id if getattr(base, "spec", None) is not None else type(base).__name__
-    return EnvFactory(_base_recipe(base, where), layers, name=name)
+    return EnvFactory(recipe if recipe is not None else _base_recipe(base, where), layers, name=name)
 
 
 def factories_from_vecenv(venv: Any) -> list[EnvFactory]:
