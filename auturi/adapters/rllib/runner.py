@@ -250,10 +250,19 @@ def _detached(episodes: list) -> list:
     EnvRunners ship copies, but the local EnvRunner, which ``auturi.wrap`` makes the only one,
     would hand over the very chunks it keeps for ``get_metrics`` and ``prev_episode_chunks``:
     every ``sample()`` an episode spanned then added one step to its reported length (a 500-step
-    Acrobot episode reported as 503). About 0.7 ms per 128-step chunk."""
+    Acrobot episode reported as 503). DQN's and SAC's replay buffers likewise grow the first chunk
+    of an episode in place as its next chunks arrive (``concat_episode``).
+
+    The gymnasium spaces are shared, not copied (nothing downstream changes them; their
+    ``np_random`` made the copy 4x slower): 0.18 ms for a 1-step chunk instead of 0.73 ms, which
+    matters for DQN and SAC, whose ``sample()`` is one step per env by default."""
     import copy
 
-    return [copy.deepcopy(ep) for ep in episodes]
+    out = []
+    for ep in episodes:
+        spaces = (ep.observation_space, ep.action_space)
+        out.append(copy.deepcopy(ep, {id(s): s for s in spaces if s is not None}))
+    return out
 
 
 
