@@ -1,0 +1,174 @@
+"""Off-policy SB3 through ``auturi.wrap(model)`` (issue 16): three measurements.
+
+1. ``learn`` end to end, runs alternated: plain SB3 with ``DummyVecEnv`` and with
+   ``SubprocVecEnv`` against ``auturi.wrap(model)`` (the online tuner, its search included)
+   and a fixed layout (``--config``). Workloads: SAC and TD3 on a MuJoCo env (``--mujoco``,
+   HalfCheetah-v5 by default; Pendulum-v1 where MuJoCo is missing) with 8 envs, DQN on
+   CartPole-v1. Target: the default at least 0.97x plain SB3 everywhere.
+2. Learning parity: the mean return of the last episodes, SB3 vs wrapped, per seed (SAC on
+   Pendulum, DQN on CartPole, ``--parity-seeds``).
+3. Per-collect cost: microseconds per ``executor.collect(1)`` (what a ``train_freq=1`` step
+   costs) for the serial layout and a parallel one, with the SAC actor on the MuJoCo env.
+
+Run (the lead's numbers, on a quiet machine):
+    python -m bench.offpolicy --steps 20000 --repeats 2 --parity-steps 30000 --parity-seeds 2
+Smoke (seconds): python -m bench.offpolicy --tiny
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from bench.common import machine_header, summarize
+
+KINDS = ("dummy", "subproc", "wrap", "fixed")
+
+
+def mujoco_env(preferred: str) -> str:
+    """``preferred`` when gymnasium can make it (MuJoCo installed), else Pendulum-v1."""
+    import gymnasium as gym
+
+    try:
+        gym.make(preferred).close()
+        return preferred
+    except Exception:  # noqa: BLE001 - any missing dependency: fall back, and say so in the record
+        return "Pendulum-v1"
+
+
+def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: bool):
+    """The model (SB3 defaults but small buffers), on DummyVecEnv or SubprocVecEnv."""
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    vec_cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_cls)
+    kw = {"buffer_size": 100_000, "seed": seed, "device": "cpu", "verbose": 0}
+    if tiny:
+        kw.update(learning_starts=32, batch_size=32, policy_kwargs={"net_arch": [32, 32]})
+    if algo == "dqn":
+        kw.setdefault("learning_starts", 1000)
+        return sb3.DQN("MlpPolicy", env, train_freq=4, **kw)
+    return getattr(sb3, algo.upper())("MlpPolicy", env, train_freq=1, **kw)
+
+
+def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind: str, config_json: str | None,
+               tiny: bool) -> dict:
+    """One timed ``learn`` of ``kind``; returns seconds, the last episodes' mean return, the layout."""
+    import numpy as np
+
+    import auturi
+
+    model = make_model(algo, env_id, n_envs, seed, kind, tiny)
+    if kind == "wrap":
+        auturi.wrap(model)
+    elif kind == "fixed":
+        auturi.wrap(model, config=auturi.Config.from_json(config_json))
+    try:
+        t0 = time.perf_counter()
+        model.learn(steps)
+        secs = time.perf_counter() - t0
+        eps = list(model.ep_info_buffer)[-20:]
+        layout = str(model.auturi.config) if kind in ("wrap", "fixed") else kind
+    finally:
+        if kind in ("wrap", "fixed"):
+            auturi.unwrap(model)
+        model.env.close()
+    return {"algo": algo, "env": env_id, "kind": kind, "seed": seed, "seconds": secs, "layout": layout,
+            "return": float(np.mean([e["r"] for e in eps])) if eps else float("nan")}
+
+
+def collect_cost(env_id: str, n_envs: int, config_json: str | None, collects: int) -> dict:
+    """Microseconds per 1-step collect through the wrapped SAC's executor, per layout."""
+    import auturi
+
+    layouts = {"serial": auturi.Config.serial(n_envs)}
+    if config_json:
+        layouts["parallel"] = auturi.Config.from_json(config_json)
+    out = {}
+    for name, config in layouts.items():
+        model = auturi.wrap(make_model("sac", env_id, n_envs, 0, "dummy", tiny=True), config=config)
+        try:
+            ex = model.auturi.executor
+            ex.set_policy_state(model.auturi.state(model))
+            for _ in range(10):  # warm-up: first-touch pages, thread calibration
+                ex.collect(1)
+            us = []
+            for _ in range(collects):
+                t0 = time.perf_counter()
+                ex.collect(1)
+                us.append((time.perf_counter() - t0) * 1e6)
+            out[name] = {"config": str(config), **summarize(us)}
+            out[name].pop("samples")
+        finally:
+            auturi.unwrap(model)
+            model.env.close()
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mujoco", default="HalfCheetah-v5")
+    ap.add_argument("--n-envs", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20_000, help="env steps per learn (all envs)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--config", default='{"num_actors": 1, "envs_per_actor": 8, "env_parallel_degree": 2}',
+                    help="Config JSON of the 'fixed' variant and the parallel per-collect layout")
+    ap.add_argument("--parity-steps", type=int, default=30_000)
+    ap.add_argument("--parity-seeds", type=int, default=2)
+    ap.add_argument("--collects", type=int, default=2000)
+    ap.add_argument("--tiny", action="store_true", help="smoke run: a few hundred steps, small nets")
+    ap.add_argument("--out", default="bench/results/offpolicy.json")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.steps, args.repeats, args.parity_steps, args.parity_seeds, args.collects = 256, 1, 256, 1, 50
+        args.n_envs = 4
+        args.config = '{"num_actors": 1, "envs_per_actor": 4, "env_parallel_degree": 2}'
+    import torch
+
+    torch.set_num_threads(1)
+    mujoco = mujoco_env(args.mujoco)
+    out = {"machine": machine_header(), "command": "python -m bench.offpolicy " + " ".join(argv or sys.argv[1:]),
+           "mujoco_env": mujoco, "e2e": [], "parity": [], "collect_us": None}
+    print(out["machine"], f"MuJoCo env: {mujoco}", sep="\n", flush=True)
+    workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", "CartPole-v1", args.n_envs)]
+    for algo, env_id, n in workloads:
+        for rep in range(args.repeats):
+            for kind in KINDS:  # alternated: a drift of the machine hits each alike
+                r = learn_once(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny)
+                out["e2e"].append(r)
+                print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s return {r['return']:8.1f} "
+                      f"{r['layout']}", flush=True)
+    for algo, env_id in (("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")):
+        for seed in range(args.parity_seeds):
+            for kind in ("dummy", "wrap"):
+                r = learn_once(algo, env_id, 1 if algo == "sac" else 4, args.parity_steps, 100 + seed, kind, None,
+                               args.tiny)
+                out["parity"].append(r)
+                print(f"parity {algo} {env_id} {kind:6s} seed {100 + seed}: return {r['return']:8.1f}", flush=True)
+    out["collect_us"] = collect_cost(mujoco, args.n_envs, args.config, args.collects)
+    print("per 1-step collect (us):", json.dumps(out["collect_us"], indent=1), flush=True)
+    out["summary"] = _summary(out["e2e"])
+    print(json.dumps(out["summary"], indent=1))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return out
+
+
+def _summary(runs: list[dict]) -> dict:
+    """Median seconds per workload and kind, and each kind's speed-up over plain DummyVecEnv."""
+    out: dict = {}
+    for algo in sorted({r["algo"] for r in runs}):
+        med = {k: statistics.median(r["seconds"] for r in runs if r["algo"] == algo and r["kind"] == k)
+               for k in KINDS}
+        out[algo] = {k: {"median_seconds": v, "speedup_vs_dummy": med["dummy"] / v} for k, v in med.items()}
+    return out
+
+
+if __name__ == "__main__":
+    main()
