@@ -129,3 +129,14 @@ def test_samples_taken_before_the_length_grew_are_regrouped():
                   samples=[100.0] * 6, sample_collects=[1] * 6)
     regroup(short)  # 6 collects: samples of 2, so that 3 remain
     assert short.sample_collects == [2, 2, 2]
+
+
+def test_without_a_budget_the_trial_cap_bounds_the_confirm_rounds():
+    """``max_trial_seconds`` caps each config's share of the confirm rounds (a CLI run with
+    only --budget-trials once took minutes there on a busy machine)."""
+    ex = HeavyTailExecutor(BASE, TAILS, seed=0)
+    ex.reconfigure(SPREAD)
+    protocol = MeasureProtocol(min_sample_seconds=0.0, max_seconds=1.0)
+    result = Tuner(Only(), cache=False, clock=ex.clock, protocol=protocol).tune(ex, 10)
+    confirm = [t for t in result.final if t.source == "confirm"]
+    assert sum(t.seconds for t in confirm) <= 2 * 1.0 * 1.5 and all(t.n >= 3 for t in confirm)

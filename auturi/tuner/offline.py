@@ -66,7 +66,8 @@ class Tuner(_Session):
         confirm_rounds: after the choice is made, it is re-measured with the start and
             serial configs in interleaved rounds: at least 3 samples each (in up to 3 rounds,
             fewer when the budget is short), then more rounds, up to this many, while every
-            interval is wider than ``rel_half_width`` and another round fits in the budget.
+            interval is wider than ``rel_half_width`` and another round fits in the budget
+            and in ``max_trial_seconds`` per config (which also cap the sample length).
             Each config's sample there is as many collects as its spread in the search needs
             (:func:`~auturi.tuner.measure.collects_per_sample`), so a heavy-tailed env's rare
             slow steps are inside every sample instead of deciding which samples are slow.
@@ -212,20 +213,33 @@ class Tuner(_Session):
         cap = self._collects_cap(configs)
         # The final rounds' collects count too; the budget caps the length.
         collects = {c: min(self._collects_per_sample(c), cap.get(c, MAX_COLLECTS_PER_SAMPLE)) for c in configs}
-        deadline = None if self.budget_seconds is None else (self.t0 or 0.0) + self.budget_seconds
         return self._remeasure(executor, configs, num_steps,
                                rounds=(rounds, max(rounds, self.confirm_rounds)), samples=per, source="confirm",
-                               deadline=deadline, min_collects=collects, max_collects=cap, resize=True,
-                               stop_when_separated=False, budget_min_samples=MIN_INTERVAL_SAMPLES)
+                               deadline=self._confirm_deadline(len(configs)), min_collects=collects,
+                               max_collects=cap, resize=True, stop_when_separated=False,
+                               budget_min_samples=MIN_INTERVAL_SAMPLES)
+
+    def _confirm_seconds(self, n_configs: int) -> float:
+        """Seconds the confirm rounds may take: what is left of ``budget_seconds``, and at
+        most the protocol's ``max_seconds`` (a trial's cap) per config (inf: no limit)."""
+        left = math.inf if self.budget_seconds is None or self.t0 is None else \
+            max(0.0, self.t0 + self.budget_seconds - self.clock())
+        per_config = self.protocol.max_seconds
+        return left if per_config is None else min(left, per_config * n_configs)
+
+    def _confirm_deadline(self, n_configs: int) -> float | None:
+        seconds = self._confirm_seconds(n_configs)
+        return None if math.isinf(seconds) else self.clock() + seconds
 
     def _collects_cap(self, configs: list[Config]) -> dict[Config, int]:
         """The most collects per confirm sample for each config such that 3 samples of every
-        one fit in what is left of ``budget_seconds`` (an equal share each; at least 1), so
-        a spread made by a busy machine cannot make the confirm overrun the budget by much.
-        Empty without a budget."""
-        if self.budget_seconds is None or self.t0 is None:
+        one fit in the confirm's seconds (:meth:`_confirm_seconds`, an equal share each; at
+        least 1), so a spread made by a busy machine cannot make the confirm overrun the
+        budget, or a trial's ``max_seconds``, by much. Empty without either limit."""
+        seconds = self._confirm_seconds(len(configs))
+        if math.isinf(seconds):
             return {}
-        share = max(0.0, self.t0 + self.budget_seconds - self.clock()) / max(1, len(configs))
+        share = seconds / max(1, len(configs))
         cap = {}
         for c in configs:
             reconf, per_collect = self._collect_seconds(c)
