@@ -221,11 +221,11 @@ class _StatusPage:
     """The status server of ``--status-port``: a snapshot fed by the tuner's events, served
     from the moment the executor exists until :meth:`stop`."""
 
-    def __init__(self, host: str, port: int, token: str | None):
+    def __init__(self, host: str, port: int, token: str | None, env: str | None = None):
         from auturi.server import StatusSnapshot
 
         self.host, self.port, self.token = host, port, token
-        self.snapshot = StatusSnapshot()
+        self.snapshot = StatusSnapshot(env=env)  # the page names the env the user typed
         self.server: Any = None
         self.tuner: Any = None
 
@@ -279,7 +279,7 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
 
     err, out_console = stderr(), stdout()
     progress = None if json_out else make_progress(err)
-    page = _StatusPage(status_host, status_port, status_token or None) if status_port is not None else None
+    page = _StatusPage(status_host, status_port, status_token or None, env=str(env)) if status_port is not None else None
     feed = ProgressFeed(progress, page.snapshot if page is not None else None)
     if not json_out:
         err.print(f"Tuning {env} x {num_envs} envs, {num_steps} steps/collect, policy {pol_desc}, "
