@@ -212,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=20_000)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     args = p.parse_args(argv)
-    ensure_ray(2)
+    # Logical CPUs for Ray's scheduling, not cores: the plain APPO / IMPALA runs place 2 remote
+    # EnvRunners and a learner actor, which wait forever on a 2-CPU instance.
+    ensure_ray(4)
     try:
         for seed in args.seeds:
             for wrapped in (False, True):
