@@ -108,7 +108,7 @@ def build_collector(env_fns: Sequence[Any], policy: Any, num_envs: int, *, confi
         tkw = tuner_kwargs(budget)
         tuned = tune and config is None
         if status_port is not None:
-            out.snapshot = _status_snapshot()
+            out.snapshot = _status_snapshot(workload.get("env"))
             if tuned:
                 user_cb = tkw.pop("callback", None)
                 tkw["callback"] = out.snapshot if user_cb is None else _both(out.snapshot, user_cb)
@@ -167,10 +167,10 @@ class FaceHandle:
         self.collects += 1
         self.last_stats = rollout.stats
         if self.snapshot is not None:
-            update = {"throughput_now": rollout.stats.steps_per_second}
             if self.tuner is None:
-                update["current_config"] = self.executor.config.to_dict()
-            self.snapshot.update(**update)
+                self.snapshot.update(current_config=self.executor.config.to_dict())
+            # The page's throughput over time, its reconfigure marks and the time split.
+            self.snapshot.record_collect(rollout.stats, self.executor.config)
         return rollout
 
     def close(self) -> None:
@@ -181,13 +181,13 @@ class FaceHandle:
         self.executor.close()
 
 
-def _status_snapshot() -> Any:
+def _status_snapshot(env: Any = None) -> Any:
     try:
         from auturi.server import StatusSnapshot
     except ImportError as exc:
         raise ImportError(f"status_port needs the status endpoint's dependencies ({exc}): "
                           f"pip install 'auturi[server]', or omit status_port") from exc
-    return StatusSnapshot()
+    return StatusSnapshot(env=None if env is None else str(env))  # the page names the env
 
 
 def _both(first: Callable[[Any], None], second: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -100,7 +100,7 @@ def sb3_policy(path: Path, obs_space: Any, action_space: Any) -> Any:
     from stable_baselines3.common.policies import ActorCriticPolicy
     from stable_baselines3.common.save_util import load_from_zip_file
 
-    from auturi.adapters.sb3 import _DISTRIBUTIONS, SB3PolicyAdapter
+    from auturi.adapters.sb3 import DISTRIBUTIONS, SB3PolicyAdapter
 
     try:
         data, params, _ = load_from_zip_file(path, device="cpu", print_system_info=False)
@@ -126,8 +126,8 @@ def sb3_policy(path: Path, obs_space: Any, action_space: Any) -> Any:
     net = policy_class(m_obs, m_act, lambda _: 0.0, **kwargs)
     net.load_state_dict(params["policy"])
     dist = type(net.action_dist).__name__
-    if dist not in _DISTRIBUTIONS:
-        fail(f"--policy {path}: action distribution {dist} is not supported (use {sorted(_DISTRIBUTIONS)})")
+    if dist not in DISTRIBUTIONS:
+        fail(f"--policy {path}: action distribution {dist} is not supported (use {sorted(DISTRIBUTIONS)})")
     adapter = SB3PolicyAdapter(policy_class, m_obs, m_act, kwargs, dist)
     adapter.load_state({k: v.detach().cpu().numpy() for k, v in net.state_dict().items()})
     return adapter

@@ -40,7 +40,6 @@ from auturi.adapters.sb3.handle import SB3Handle
 from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
 from auturi.adapters.sb3.wrap import unwrap_sb3, wrap_sb3
 
-_DISTRIBUTIONS = DISTRIBUTIONS  # the name auturi/cli.py imports; new code: DISTRIBUTIONS
 
 __all__ = [
     "DISTRIBUTIONS",
