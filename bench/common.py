@@ -32,7 +32,7 @@ def machine_header() -> str:
     except OSError:
         pass
     vers = [f"python {platform.python_version()}", f"numpy {numpy.__version__}", f"gymnasium {gymnasium.__version__}"]
-    for mod in ("torch", "stable_baselines3", "envpool", "ray", "torchrl", "tensordict"):
+    for mod in ("torch", "stable_baselines3", "envpool", "ray", "torchrl", "tensordict", "pufferlib"):
         m = sys.modules.get(mod)
         if m is not None:
             vers.append(f"{mod} {m.__version__}")

@@ -14,6 +14,7 @@ envpool_async   EnvPool async mode: ``batch_size = num_envs // 2``, policy on ea
 auturi          :class:`AuturiRunner`: an Auturi ``shm`` executor with a given config
 rllib           :class:`bench.rllib_peer.RLlibRunner` (imports ray only when used)
 torchrl_*       :class:`bench.torchrl_peer.TorchRLRunner` (imports torchrl only when used)
+pufferlib*      :class:`bench.pufferlib_peer.PufferLibRunner` (imports pufferlib only when used)
 ==============  ==========================================================================
 
 Example:
@@ -192,6 +193,10 @@ def peer_unavailable(kind: str, workload: Any) -> str | None:
         from bench.torchrl_peer import unavailable
 
         return unavailable()
+    if kind.startswith("pufferlib"):
+        from bench.pufferlib_peer import unavailable as puffer_unavailable
+
+        return puffer_unavailable()
     return None
 
 
@@ -203,6 +208,11 @@ def make_workload_peer(kind: str, workload: Any, warmup_steps: int = 0, **kw: An
         from bench.torchrl_peer import TorchRLRunner
 
         return TorchRLRunner(kind, workload, warmup_steps=warmup_steps)
+    if kind.startswith("pufferlib"):
+        from bench.pufferlib_peer import PufferLibRunner
+
+        return PufferLibRunner(kind, workload.one_env_fn(), workload.num_envs, workload.make_policy(),
+                               warmup_steps=warmup_steps)
     if kind.startswith("rllib"):
         from bench.rllib_peer import RLlibRunner
 

@@ -31,6 +31,10 @@ PEER_TEXT = {
     "rllib_0": "RLlib `SingleAgentEnvRunner` in the caller (`num_env_runners=0`, all envs in one gymnasium "
                "`SyncVectorEnv`)",
     "rllib_2": "RLlib `EnvRunnerGroup`, `num_env_runners=2` Ray actors, `num_envs_per_env_runner = num_envs / 2`",
+    "pufferlib": "PufferLib (`pufferlib-core`) `vector.Multiprocessing`, `num_workers = min(cores, N)`, "
+                 "`batch_size = N` (synchronous)",
+    "pufferlib_async": "the same with `batch_size = N / 2` (PufferLib's `auto`; the policy acts on the first half "
+                       "of the envs to finish)",
     "torchrl_sync": "TorchRL `Collector` (`SyncDataCollector` before 0.14) over `ParallelEnv(W, SerialEnv(N / W))`, "
                     "`W = min(cores, N)` processes, the policy batched in the caller",
     "torchrl_multisync": "TorchRL `MultiSyncCollector`: `W = min(cores, N)` worker processes, each a collector over "

@@ -6,7 +6,7 @@ collect   for each workload of :mod:`bench.workloads`: Auturi tuned (the default
           strategy, its choice re-measured on a fresh executor), Auturi's best fixed config
           (the grid's best from ``bench/results/tune_quality.json``), SB3 DummyVecEnv and
           SubprocVecEnv, gymnasium AsyncVectorEnv, EnvPool (sync and async) where EnvPool has
-          the env, RLlib EnvRunners (0 and 2 remote runners) where ray[rllib] is installed,
+          the env, PufferLib's multiprocessing vector env (sync and async) where installed, RLlib EnvRunners (0 and 2 remote runners) where ray[rllib] is installed,
           TorchRL's collectors (:mod:`bench.torchrl_peer`) where torchrl is installed; all
           with the workload's own policy network, interleaved within each round. The serial
           config runs in the same rounds (:class:`bench.peers.LimitProbe`, not a peer) for this
@@ -182,7 +182,7 @@ def collect_workload(workload: Any, s: Sizing, ray_cpus: int, progress: Any) -> 
         makers["auturi_fixed"] = lambda: AuturiRunner(workload.make_env(), workload.make_policy(), workload.num_envs,
                                                       fixed[0], warmup_steps=workload.num_steps)
         row["settings"]["auturi_fixed"] = row["fixed"]["label"]
-    for kind in ("dummy", "subproc", "async", "envpool", "envpool_async"):
+    for kind in ("dummy", "subproc", "async", "envpool", "envpool_async", "pufferlib", "pufferlib_async"):
         why = peer_unavailable(kind, workload)
         if why:
             row["skipped"][kind] = why
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
     import stable_baselines3  # noqa: F401  (versions in the header)
     import torch
 
-    for optional in ("ray", "torchrl", "tensordict"):  # versions in the header, when installed
+    for optional in ("ray", "torchrl", "tensordict", "pufferlib"):  # versions in the header, when installed
         try:
             __import__(optional)
         except ImportError:

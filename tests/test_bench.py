@@ -200,3 +200,24 @@ def test_torchrl_worker_factories_survive_torchrls_pickling_wrapper():
         finally:
             if not env.is_closed:  # a SerialEnv starts its envs lazily
                 env.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pufferlib") is None, reason="pufferlib-core is not installed")
+@pytest.mark.parametrize("kind", ["pufferlib", "pufferlib_async"])
+def test_pufferlib_peer_steps_the_workload_and_ends_its_workers(kind):
+    import dataclasses
+    import multiprocessing as mp
+
+    from bench.peers import make_workload_peer
+    from bench.workloads import get_workload
+
+    w = dataclasses.replace(get_workload("halfcheetah" if importlib.util.find_spec("mujoco") else "cartpole"),
+                            num_envs=4, num_steps=4)
+    before = set(mp.active_children())
+    r = make_workload_peer(kind, w, warmup_steps=2)  # Gaussian actions past the bounds are clipped, not refused
+    try:
+        assert r.batch == (4 if kind == "pufferlib" else 2)
+        assert r.run(4) > 0
+    finally:
+        r.close()
+    assert set(mp.active_children()) <= before  # workers joined, not left as zombies
