@@ -380,7 +380,7 @@ def test_on_a_real_executor_the_profile_comes_from_its_rollouts():
     from auturi.envs import CountingEnv
 
     with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4, backend="serial") as ex:
-        online = OnlineTuner(ex, cache=False)
+        online = OnlineTuner(ex, cache=False, min_sample_seconds=0)  # a sample per collect, however short
         for _ in range(12):
             online.collect(16)
         assert online.profile_source == "rollouts"
@@ -434,3 +434,26 @@ def test_the_tuner_warms_the_executors_worker_start_when_created():
     ex.warm_start = lambda: calls.append(1)
     model_online(ex)
     assert calls == [1]
+
+
+def test_short_collects_are_gathered_into_samples_of_at_least_min_sample_seconds():
+    """Off-policy collects of one step per env take milliseconds: a sample spans enough of
+    them to measure the layout, not the timer."""
+    import math
+
+    ex = FakeExecutor(N, speeds, noise=0.0)
+    online = grid_online(ex, budget_trials=2, min_sample_seconds=0.05)
+    collects = 0
+    while not online.history:
+        online.collect(1)  # 8 steps at 1,150 steps/s (the serial start): 7 ms each
+        collects += 1
+    t = online.history[0]
+    per_sample = math.ceil(0.05 / (N / speeds(t.config)))
+    assert per_sample >= 7
+    assert collects == 1 + t.n * per_sample  # the warm-up collect alone, then whole samples
+    assert t.samples == pytest.approx([speeds(t.config)] * t.n)
+
+
+def test_min_sample_seconds_must_not_be_negative():
+    with pytest.raises(ValueError, match="min_sample_seconds"):
+        OnlineTuner(FakeExecutor(N, speeds), "grid", cache=False, min_sample_seconds=-1)

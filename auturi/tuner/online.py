@@ -80,6 +80,9 @@ class OnlineTuner(_Session):
             fraction of its cached throughput.
         profile_from_rollouts: the model's profile comes from the start layout's collects
             when that layout is in-process (False: profile the executor, as offline).
+        min_sample_seconds: a sample spans consecutive collects until they add up to this
+            long (an off-policy collect of one step per env takes a millisecond: a sample of
+            one would measure the timer's and the scheduler's noise, not the layout).
 
     Example (the serial backend; training would use each rollout):
         >>> from auturi import make_executor
@@ -87,7 +90,7 @@ class OnlineTuner(_Session):
         >>> from auturi.policy import RandomPolicy
         >>> ex = make_executor([CountingEnv] * 4, RandomPolicy(CountingEnv().action_space), num_envs=4,
         ...                    backend="serial")
-        >>> tuner = OnlineTuner(ex, cache=False, budget_trials=2)
+        >>> tuner = OnlineTuner(ex, cache=False, budget_trials=2, min_sample_seconds=0)  # 1 collect, 1 sample
         >>> for left in range(11, -1, -1):  # 12 collects in all: say how many remain after each
         ...     rollout = tuner.collect(8, remaining_collects=left)
         >>> rollout.num_steps, rollout.num_envs, tuner.phase
@@ -105,7 +108,7 @@ class OnlineTuner(_Session):
                  callback: Callback | None = None, seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
                  workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
-                 profile_from_rollouts: bool = True):
+                 profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -128,6 +131,10 @@ class OnlineTuner(_Session):
         self.search_share, self.slower_margin = search_share, slower_margin
         self.confirm_tolerance = confirm_tolerance
         self.profile_from_rollouts = profile_from_rollouts
+        if min_sample_seconds < 0:
+            raise ValueError(f"min_sample_seconds must be >= 0, got {min_sample_seconds}")
+        self.min_sample_seconds = min_sample_seconds
+        self._pending = (0.0, 0)  # (seconds, steps) of the collects of the sample being gathered
         self.start_config: Config = executor.config
         self.locked: Trial | None = None
         self.reference: float | None = None
@@ -179,7 +186,7 @@ class OnlineTuner(_Session):
             best = self.best()
             if self.phase != "confirm" and best is not None and best.estimate:
                 self.search_cost += max(0.0, seconds - steps / best.estimate)
-            self._feed(sps)
+            self._gather(sps, steps)
         elif self.phase == "locked":
             self._monitor(sps)
         elif self.phase == "paused" and not self._over_share():
@@ -313,6 +320,7 @@ class OnlineTuner(_Session):
         elif source == "research":
             warm = 0  # already running this config: nothing to warm up
         self.current = trial
+        self._pending = (0.0, 0)
         self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock,
                                   deadline=self.deadline() if self.phase == "explore" else None,
                                   reference=self._reference(source))
@@ -326,6 +334,22 @@ class OnlineTuner(_Session):
             return False
         best = self.best()
         return best is not None and max(trial.samples) < (1 - self.slower_margin) * best.estimate
+
+    def _gather(self, sps: float, steps: int) -> None:
+        """Add one collect to the sample being gathered; feed the sample once its collects
+        span ``min_sample_seconds`` (a warm-up collect is fed alone: it is discarded)."""
+        rec = self._rec
+        assert rec is not None
+        if rec.warmup_left > 0 or not (sps > 0 and math.isfinite(sps)):
+            self._feed(sps)
+            return
+        secs, n = self._pending
+        secs, n = secs + steps / sps, n + steps
+        if secs < self.min_sample_seconds:
+            self._pending = (secs, n)
+            return
+        self._pending = (0.0, 0)
+        self._feed(n / secs)
 
     def _feed(self, sps: float) -> None:
         rec = self._rec
