@@ -38,6 +38,9 @@ WORKLOADS = {
     "slow": ("bench.workloads:make_slow", 8, 32, "num_actors=2"),
     "heavytail": ("bench.workloads:make_heavytail", 8, 64, "num_actors=2"),
 }
+SAMPLE_SECONDS_CAP = 1.0
+"""Seconds one re-measure sample may grow to (a busy machine's spread would grow it to 64
+collects: minutes per workload)."""
 _SERIAL = re.compile(r"; ([\d.]+)x serial")
 _START = re.compile(r"^\s+([\d.]+)x the start config", re.MULTILINE)
 
@@ -87,7 +90,11 @@ def remeasure(name: str, configs: dict, rounds: int, collects: dict | None = Non
         length = {key: int((collects or {}).get(key, 1)) for key in executors}
 
         def sample(key, ex):
-            length[key] = max(length[key], collects_per_sample(seen[key]))  # as the confirm rounds grow theirs
+            # As the confirm rounds grow theirs, and as they are capped (by the budget there): here
+            # at the CLI's length or SAMPLE_SECONDS_CAP of collects, whichever is more.
+            mean_collect = steps * n * statistics.fmean(1.0 / r for r in seen[key]) if seen[key] else 0.0
+            cap = max(length[key], int(SAMPLE_SECONDS_CAP / mean_collect) if mean_collect > 0 else length[key])
+            length[key] = max(length[key], min(cap, collects_per_sample(seen[key])))
             before = len(seen[key])
             sps = sample_throughput(ex, steps, steps * n, 0.05, time.perf_counter, min_collects=length[key],
                                     collect_rates=seen[key])
