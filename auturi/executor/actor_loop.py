@@ -114,25 +114,47 @@ class ActorLoop:
                        for d, lane in enumerate(env_lanes) if not lane.remote]
 
             beats, k = self.beat
+            self._lockstep = self._lockstep_rows(act, lo, hi, group, locals_, beats, k)
 
-            def lockstep(num_steps: int) -> None:
-                try:
-                    for t in range(num_steps):
-                        beats[k] += 1
-                        act(t, lo, hi)
-                        if group is not None:  # first: they work while this process steps its share
-                            group.step_row(t)
-                        for step, a, b in locals_:
-                            step(t, a, b)
-                        if group is not None:
-                            t0 = time.perf_counter()
-                            group.wait()
-                            self.wait_seconds += time.perf_counter() - t0
-                finally:
-                    if group is not None:
-                        group.settle()
+    def _lockstep_rows(self, act: Callable, lo: int, hi: int, group: Any, locals_: list, beats: Any,
+                       k: int) -> Callable[[int], None]:
+        """The row loop of lockstep: act for all envs, post the row to the remote lanes, step
+        the local share, await the remote ones. Every name the loop touches is a local of the
+        closure: at one env per context (``bench/envstep.py``, N = 1 and 2) this loop's own
+        lines were a measurable share of a row."""
+        if group is None and len(locals_) == 1:
+            step, a, b = locals_[0]  # the serial point: no IPC, one local share
 
-            self._lockstep = lockstep
+            def serial(num_steps: int) -> None:
+                for t in range(num_steps):
+                    beats[k] += 1
+                    act(t, lo, hi)
+                    step(t, a, b)
+
+            return serial
+        now = time.perf_counter
+        post, wait = (group.step_row, group.wait) if group is not None else (None, None)
+
+        def rows(num_steps: int) -> None:
+            waited = 0.0
+            try:
+                for t in range(num_steps):
+                    beats[k] += 1
+                    act(t, lo, hi)
+                    if post is not None:  # first: they work while this process steps its share
+                        post(t)
+                    for step, a, b in locals_:
+                        step(t, a, b)
+                    if wait is not None:
+                        t0 = now()
+                        wait()
+                        waited += now() - t0
+            finally:
+                self.wait_seconds += waited
+                if group is not None:
+                    group.settle()
+
+        return rows
 
     def run(self, num_steps: int) -> None:
         if self._lockstep is not None:

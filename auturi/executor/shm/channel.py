@@ -246,6 +246,7 @@ class Waiter:
         self._checked = time.monotonic()
         self._group: tuple[Any, int] = (slice(0, 0), 0)  # the RowGroup being awaited: slots, rows posted
         self._pending_fns = (self._pending_lanes, self._pending_group)
+        self._status_words = memoryview(ctrl["status"])
 
     def expect(self, lane: RemoteLane) -> None:
         self._issued[lane.slot] = lane.issued
@@ -323,20 +324,25 @@ class Waiter:
         lane posts exactly once per command, so this is one semaphore take per lane and one
         vectorised status check, however many lanes."""
         self._group = (sel, rows)
+        take = self.done_sem.acquire
         if self.spin > 0.0:
             for _ in range(count):
-                self._acquire(1)
+                if not take(False):  # posted already (the usual case when this process stepped a share)
+                    self._acquire(1)
         else:
-            take = self.done_sem.acquire
             for _ in range(count):
                 if not take(True, POLL_SECONDS):
                     self._health(1)
                     self._acquire(1)
+        if count == 1:  # one lane: a word read, not a numpy reduction (~1 us a row)
+            if self._status_words[sel.start] == OK:
+                return
+        elif not self.ctrl["status"][sel].any():
+            return
         status = self.ctrl["status"][sel]
-        if status.any():
-            failed = np.arange(len(self._issued))[sel][status == ERROR]
-            slot = int(failed[0])
-            raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
+        failed = np.arange(len(self._issued))[sel][status == ERROR]
+        slot = int(failed[0])
+        raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
 
     def settle_rows(self, sel: "slice | np.ndarray", rows: int) -> None:
         """Count ``rows`` rows a :class:`RowGroup` posted to lanes ``sel`` as finished commands."""
@@ -420,7 +426,8 @@ class RowGroup:
         consecutive = bool((slots == np.arange(s0, s0 + len(lanes))).all())
         self.sel: slice | np.ndarray = slice(s0, s0 + len(lanes)) if consecutive else slots
         self.ctrl = lanes[0].ctrl
-        self._arg = self.ctrl["arg"]
+        # One lane: the row number by a word store (a numpy slice store is ~0.5 us more)
+        self._arg, self._at = (memoryview(self.ctrl["arg"]), s0) if len(lanes) == 1 else (self.ctrl["arg"], self.sel)
         self._posts = [lane.start_sem.release for lane in lanes]
         self.rows = 0  # rows posted since the last settle
         waiter.adopt(lanes)
@@ -428,7 +435,7 @@ class RowGroup:
     def step_row(self, t: int) -> None:
         if not self.rows:
             self.ctrl["cmd"][self.sel] = STEP_ROW
-        self._arg[self.sel] = t
+        self._arg[self._at] = t
         self.rows += 1
         for post in self._posts:
             post()

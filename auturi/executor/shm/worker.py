@@ -352,12 +352,16 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
                                                       ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
     status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
     gen_word = DATA_GEN  # a local: no global lookup per row
+    step_one = getattr(obj, "step_one", None) if hi - lo == 1 else None  # a lone env: no step_slice hop
     while True:
         try:
             if hdr[gen_word] != data.gen:  # a new rollout block (num_steps changed)
                 data.sync(obj)
             n = len(obj.finals)
-            step_row(arg[slot], lo, hi)  # a lone env: EnvRunner.step_slice goes to step_one
+            if step_one is not None:
+                step_one(arg[slot], lo)
+            else:
+                step_row(arg[slot], lo, hi)
             if len(obj.finals) != n:
                 nfinal[slot] = len(obj.finals)
             timing[slot, 0] = obj.env_seconds
