@@ -192,8 +192,10 @@ def learn(algo: str, wrapped: bool, env_steps: int, seed: int = 0) -> list[tuple
     curve: list[tuple[int, float]] = []
     try:
         while not curve or curve[-1][0] < env_steps:
-            er = algo_obj.train()["env_runners"]
-            curve.append((int(er["num_env_steps_sampled_lifetime"]), float(er.get("episode_return_mean", "nan"))))
+            result = algo_obj.train()
+            er = result.get("env_runners", {})  # empty while remote EnvRunners have reported nothing yet
+            steps = result.get("num_env_steps_sampled_lifetime", er.get("num_env_steps_sampled_lifetime", 0))
+            curve.append((int(steps), float(er.get("episode_return_mean", "nan"))))
     finally:
         algo_obj.stop()
     return curve
