@@ -39,6 +39,17 @@ def machine_header() -> str:
     return f"{cpu}, {cores} cores, {mem}; " + ", ".join(vers)
 
 
+def act(policy: Any, obs: Any, rng: Any) -> Any:
+    """The policy's actions for a batch of observations, with fresh uniform noise from ``rng``
+    (what every peer loop that calls an :class:`auturi.Policy` itself does)."""
+    import numpy as np
+
+    obs = np.asarray(obs)
+    k = getattr(policy, "noise_dim", 0)
+    actions, _ = policy.act(obs, rng.random((len(obs), k), dtype=np.float32))
+    return actions
+
+
 def median_spread(xs: Sequence[float]) -> tuple[float, float]:
     """Median and half the interquartile range, as a fraction of the median."""
     xs = sorted(xs)

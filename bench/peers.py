@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench.common import act
+
 PEERS = ("dummy", "subproc", "async", "envpool", "envpool_async")
 
 
@@ -96,22 +98,17 @@ class PeerRunner:
         if warmup_steps:
             self.run(warmup_steps)
 
-    def _act(self, obs: Any, n: int) -> np.ndarray:
-        k = getattr(self.policy, "noise_dim", 0)
-        actions, _ = self.policy.act(np.asarray(obs), self.rng.random((n, k), dtype=np.float32))
-        return actions
-
     def run(self, num_steps: int) -> float:
         """Collect ``num_steps`` rows of ``num_envs`` env steps; return env steps per second."""
         t0 = time.perf_counter()
         if self.kind == "envpool_async":
             for _ in range(num_steps * self.n // self.batch):
                 obs, _, _, _, info = self.env.recv()  # the first `batch` envs to finish
-                self.env.send(self._act(obs, len(obs)), info["env_id"])
+                self.env.send(act(self.policy, obs, self.rng), info["env_id"])
             steps = num_steps * self.n // self.batch * self.batch
         else:
             for _ in range(num_steps):
-                self.obs, *_ = self.env.step(self._act(self.obs, self.n))
+                self.obs, *_ = self.env.step(act(self.policy, self.obs, self.rng))
             steps = num_steps * self.n
         return steps / (time.perf_counter() - t0)
 

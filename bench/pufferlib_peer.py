@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.peers import PeerRunner
+from bench.common import act
 
 KINDS = ("pufferlib", "pufferlib_async")
 
@@ -45,8 +45,9 @@ def unavailable() -> str | None:
     return None
 
 
-class PufferLibRunner(PeerRunner):
-    """One of :data:`KINDS` (see the module doc); ``run`` and ``close`` as :class:`PeerRunner`'s."""
+class PufferLibRunner:
+    """One of :data:`KINDS` (see the module doc); ``run`` and ``close`` as
+    :class:`bench.peers.PeerRunner`'s."""
 
     def __init__(self, kind: str, env_fn: Callable[[], Any], num_envs: int, policy: Any, seed: int = 0,
                  warmup_steps: int = 0, cores: int | None = None):
@@ -87,7 +88,7 @@ class PufferLibRunner(PeerRunner):
         t0 = time.perf_counter()
         for _ in range(calls):
             obs = self.env.recv()[0]
-            self.env.send(self._clip(self._act(obs, len(obs))))
+            self.env.send(self._clip(act(self.policy, obs, self.rng)))
         return calls * self.batch / (time.perf_counter() - t0)
 
     def close(self) -> None:

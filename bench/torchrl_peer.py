@@ -27,8 +27,10 @@ torchrl_multisync           ``MultiSyncCollector`` of ``W`` workers, each a ``Co
                             (``num_sub_threads=1``: one torch thread per worker)
 torchrl_async_batched       ``AsyncBatchedCollector``: ``N`` envs in an ``AsyncEnvPool``
                             (``env_backend="multiprocessing"``, ``envs_per_worker = N / W``),
-                            an ``InferenceServer`` batching up to ``N`` observations per forward
-                            pass. **Async mode**: an env steps as soon as its action is back, so a
+                            an ``InferenceServer`` thread of the caller batching up to ``N``
+                            observations per forward pass (``transport="driver"``: the
+                            ``"auto"`` process-slot transport needs one env per process, ``N``
+                            processes on ``C`` cores). **Async mode**: an env steps as soon as its action is back, so a
                             batch of ``rows x N`` frames need not hold ``rows`` steps of every env
 ==========================  ========================================================================
 
