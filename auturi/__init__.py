@@ -25,9 +25,10 @@ from auturi.tuner import OnlineTuner, SearchSpace, Tuner, TuneReport, TuneResult
 def wrap(obj, **kwargs):
     """One line around a training object; it then collects through Auturi.
 
-    - a Stable-Baselines3 on-policy model (PPO, A2C): returns the same model, whose ``learn``
+    - a Stable-Baselines3 model (on-policy PPO, A2C; off-policy SAC, TD3, DDPG, DQN and
+      sb3-contrib's TQC, QR-DQN): returns the same model, whose ``learn``
       collects through Auturi (:func:`auturi.adapters.sb3.wrap_sb3`);
-    - an RLlib ``AlgorithmConfig`` (new API stack, PPO): returns the same config, whose
+    - an RLlib ``AlgorithmConfig`` (new API stack: PPO, APPO, IMPALA, DQN, SAC): returns the same config, whose
       ``build_algo()`` samples through Auturi (:func:`auturi.adapters.rllib.wrap_rllib`).
 
     The options (``config=``, ``budget=``, ``backend=``, ``status_port=``, ...) are those of
@@ -38,7 +39,7 @@ def wrap(obj, **kwargs):
     >>> auturi.wrap(object())
     Traceback (most recent call last):
     ...
-    TypeError: auturi.wrap supports Stable-Baselines3 models (PPO, A2C) and RLlib AlgorithmConfigs (PPO); got object. For anything else build an executor with auturi.make_executor(...)
+    TypeError: auturi.wrap supports Stable-Baselines3 models (PPO, A2C, SAC, TD3, DDPG, DQN) and RLlib AlgorithmConfigs (PPO, APPO, IMPALA, DQN, SAC); got object. For anything else build an executor with auturi.make_executor(...)
 
     With SB3 (needs ``stable-baselines3``; tuning runs inside ``learn``)::
 
@@ -59,7 +60,8 @@ def wrap(obj, **kwargs):
             raise TypeError("auturi.wrap takes the RLlib AlgorithmConfig, not a built Algorithm: "
                             "algo = auturi.wrap(PPOConfig()...).build_algo()")
         return wrap_rllib(obj, **kwargs)
-    raise TypeError(f"auturi.wrap supports Stable-Baselines3 models (PPO, A2C) and RLlib AlgorithmConfigs (PPO); "
+    raise TypeError(f"auturi.wrap supports Stable-Baselines3 models (PPO, A2C, SAC, TD3, DDPG, DQN) and RLlib "
+                    f"AlgorithmConfigs (PPO, APPO, IMPALA, DQN, SAC); "
                     f"got {type(obj).__name__}. For anything else build an executor with auturi.make_executor(...)")
 
 
