@@ -12,9 +12,9 @@ import numpy as np
 
 from auturi.config import Config
 
-FACE_BACKENDS = ("shm", "serial")
-"""Backends ``auturi.wrap`` runs on. The ``ray`` backend runs through
-``auturi.make_executor(..., backend="ray")``; the faces do not reach it yet."""
+FACE_BACKENDS = ("shm", "serial", "ray")
+"""Backends ``auturi.wrap`` runs on (``ray``: one Ray actor per actor, on a Ray cluster; see
+:mod:`auturi.executor.ray_backend`)."""
 
 
 def tuner_kwargs(budget: Any) -> dict[str, Any]:
@@ -39,16 +39,49 @@ def tuner_kwargs(budget: Any) -> dict[str, Any]:
                     f"arguments, got {budget!r}")
 
 
-def check_face_options(backend: Any, worker_timeout: Any) -> None:
-    """Refuse, with the fix, a backend the faces do not run on or a timeout the executor would
-    refuse (checked at wrap time: RLlib builds its executor only in ``build_algo()``)."""
+def check_face_options(backend: Any, worker_timeout: Any, address: Any = None) -> None:
+    """Refuse, with the fix, a backend the faces do not run on, an ``address`` without the
+    ``ray`` backend, a missing Ray, or a timeout the executor would refuse (checked at wrap
+    time: RLlib builds its executor only in ``build_algo()``).
+
+    >>> check_face_options("shm", None, address="auto")
+    Traceback (most recent call last):
+    ...
+    ValueError: address='auto' is the Ray cluster to collect on: it needs backend='ray', got backend='shm'
+    """
+    import importlib.util
+
     from auturi.executor.base import resolve_worker_timeout
 
     if backend not in FACE_BACKENDS:
-        hint = (" (to collect on a Ray cluster today, build the executor yourself: "
-                "auturi.make_executor(env, policy, num_envs, backend='ray', address=...))") if backend == "ray" else ""
-        raise ValueError(f"backend must be one of {FACE_BACKENDS} for auturi.wrap, got {backend!r}{hint}")
+        raise ValueError(f"backend must be one of {FACE_BACKENDS} for auturi.wrap, got {backend!r}")
+    if address is not None and backend != "ray":
+        raise ValueError(f"address={address!r} is the Ray cluster to collect on: it needs backend='ray', "
+                         f"got backend={backend!r}")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ImportError('backend="ray" needs Ray, which is not installed: pip install "auturi[ray]" '
+                          '(or backend="shm" on one machine)')
     resolve_worker_timeout(worker_timeout)
+
+
+def ray_kwargs(backend: str, address: str | None, actor_resources: Mapping[str, float] | None = None
+               ) -> dict[str, Any]:
+    """The ``make_executor`` keywords only the ``ray`` backend takes.
+
+    >>> ray_kwargs("shm", None), ray_kwargs("ray", "auto", {"CPU": 2})
+    ({}, {'address': 'auto', 'actor_resources': {'CPU': 2}})
+    """
+    if backend != "ray":
+        return {}
+    out: dict[str, Any] = {"address": address}
+    if actor_resources:
+        out["actor_resources"] = dict(actor_resources)
+    return out
+
+
+def placement_of(executor: Any) -> list[dict[str, Any]] | None:
+    """Where each actor runs (the ``ray`` backend's ``actor_places``), or None on one machine."""
+    return getattr(executor, "actor_places", None)
 
 
 def resolve_seed(*candidates: Any) -> int:
@@ -93,16 +126,18 @@ class Collector:
 def build_collector(env_fns: Sequence[Any], policy: Any, num_envs: int, *, config: Config | None, tune: bool,
                     strategy: str, budget: Any, backend: str, seed: int, worker_timeout: float | None,
                     workload: Mapping[str, Any], status_port: int | None = None,
-                    verbose: bool = False) -> Collector:
-    """The executor (on ``config``, else the serial layout), the online tuner when ``tune``
-    and no ``config``, and the status server on ``status_port``. On any failure everything
-    already started is ended before the error propagates."""
+                    verbose: bool = False, start: Config | None = None,
+                    executor_kwargs: Mapping[str, Any] | None = None) -> Collector:
+    """The executor (on ``config``, else ``start``, else the serial layout), the online tuner
+    when ``tune`` and no ``config``, and the status server on ``status_port``.
+    ``executor_kwargs``: more ``make_executor`` keywords (:func:`ray_kwargs`). On any failure
+    everything already started is ended before the error propagates."""
     from auturi.executor import make_executor
     from auturi.tuner import OnlineTuner
 
-    start = config or Config.serial(num_envs)
+    start = config or start or Config.serial(num_envs)
     executor = make_executor(list(env_fns), policy, num_envs=num_envs, config=start, backend=backend, seed=seed,
-                             worker_timeout=worker_timeout)
+                             worker_timeout=worker_timeout, **dict(executor_kwargs or {}))
     out = Collector(executor)
     try:
         tkw = tuner_kwargs(budget)
@@ -157,6 +192,11 @@ class FaceHandle:
     def config(self) -> Config:
         return self.executor.config
 
+    @property
+    def actor_places(self) -> list[dict[str, Any]] | None:
+        """Where each actor runs (node, ip, pid, envs) on the ``ray`` backend; None on one machine."""
+        return placement_of(self.executor)
+
     def collect_rollout(self, num_steps: int, remaining: int | None = None) -> Any:
         """One collect of ``num_steps`` per env, through the tuner when there is one
         (``remaining``: collects still to come in this training run, or ``None``)."""
@@ -169,6 +209,9 @@ class FaceHandle:
         if self.snapshot is not None:
             if self.tuner is None:
                 self.snapshot.update(current_config=self.executor.config.to_dict())
+            places = placement_of(self.executor)
+            if places is not None:  # the page shows where each actor runs (ray backend)
+                self.snapshot.set_placement(places)
             # The page's throughput over time, its reconfigure marks and the time split.
             self.snapshot.record_collect(rollout.stats, self.executor.config)
         return rollout

@@ -8,11 +8,13 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Mapping
 
 from auturi.errors import AuturiError
 from auturi.resources import ClusterResources, ray_cluster_resources, usable_cores
 
-__all__ = ["ClusterResources", "ray_cluster_resources", "connect", "release"]
+__all__ = ["ClusterResources", "ray_cluster_resources", "connect", "release", "check_actor_resources", "with_extra",
+           "custom_of", "alive_node_resources", "unplaceable"]
 
 _lock = threading.Lock()
 _local = {"started": False, "users": 0}  # the local instance Auturi started, and its executors
@@ -74,3 +76,71 @@ def release() -> None:
             ray.shutdown()
 
 
+
+# ---------------------------------------------------------------- per-actor resources
+def check_actor_resources(extra: Mapping[str, float] | None) -> dict[str, float]:
+    """``actor_resources`` checked: resource names to amounts >= 0 (zeros dropped).
+
+    >>> check_actor_resources({"CPU": 2, "node_b": 0.5, "GPU": 0})
+    {'CPU': 2.0, 'node_b': 0.5}
+    """
+    out: dict[str, float] = {}
+    for name, amount in dict(extra or {}).items():
+        try:
+            value = float(amount)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not isinstance(name, str) or not value >= 0:
+            raise ValueError(f"actor_resources must map resource names to amounts >= 0, got {name!r}: {amount!r}")
+        if value:
+            out[name] = value
+    return out
+
+
+def with_extra(bundle: Mapping[str, float], extra: Mapping[str, float]) -> dict[str, float]:
+    """The layout's bundle raised to at least ``extra``'s CPU and GPU, plus its custom resources.
+
+    >>> with_extra({"CPU": 3}, {"CPU": 1, "GPU": 0.5, "node_b": 1})
+    {'CPU': 3, 'GPU': 0.5, 'node_b': 1}
+    """
+    out = dict(bundle)
+    for name, amount in extra.items():
+        out[name] = max(out.get(name, 0), amount) if name in ("CPU", "GPU") else amount
+    return out
+
+
+def custom_of(bundle: Mapping[str, float]) -> dict[str, float]:
+    """The bundle's custom resources (what ``.options(resources=...)`` takes)."""
+    return {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+
+
+def alive_node_resources() -> list[dict[str, float]]:
+    """Every alive node's total resources (what it could hold when idle)."""
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def unplaceable(bundle: Mapping[str, float], count: int, nodes: list[dict[str, float]]) -> str | None:
+    """Why ``count`` copies of ``bundle`` cannot fit the idle ``nodes`` (first fit; an actor
+    never spans nodes), or None. Checked before asking Ray, which would wait for resources
+    that will never come.
+
+    >>> unplaceable({"CPU": 2, "node_b": 1}, 2, [{"CPU": 8, "node_a": 1}, {"CPU": 8, "node_b": 1}])
+    "2 actors of {'CPU': 2, 'node_b': 1} each: the alive nodes hold 1 (node totals: [{'CPU': 8, 'node_a': 1}, {'CPU': 8, 'node_b': 1}]); ask for less per actor (e.g. smaller custom_resources_per_env_runner), run fewer actors, or add nodes"
+    """
+    free = [dict(n) for n in nodes]
+    placed = 0
+    for _ in range(count):
+        node = next((n for n in free if all(n.get(k, 0) + 1e-9 >= v for k, v in bundle.items())), None)
+        if node is None:
+            break
+        for k, v in bundle.items():
+            node[k] = node.get(k, 0) - v
+        placed += 1
+    if placed == count:
+        return None
+    shown = [{k: v for k, v in n.items() if k in bundle or not k.startswith(("node:", "memory", "object_store"))}
+             for n in nodes]
+    return (f"{count} actors of {dict(bundle)} each: the alive nodes hold {placed} (node totals: {shown}); ask for "
+            f"less per actor (e.g. smaller custom_resources_per_env_runner), run fewer actors, or add nodes")

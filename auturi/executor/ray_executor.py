@@ -5,6 +5,7 @@ policy). What each Ray actor asks for and runs is the layout plan's
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,16 @@ from auturi.errors import AuturiError, ConfigError, WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.layout import plan_layout, ray_actor_cores
 from auturi.executor.ray_actor import _actor_class, stack_of
-from auturi.executor.ray_cluster import connect, ray_cluster_resources, release
+from auturi.executor.ray_cluster import (
+    alive_node_resources,
+    check_actor_resources,
+    connect,
+    custom_of,
+    ray_cluster_resources,
+    release,
+    unplaceable,
+    with_extra,
+)
 from auturi.executor.ray_sweep import CLOSE_SECONDS, _settle, _sweeper, sweep_segments
 from auturi.executor.shm.channel import DUMP_SECONDS, process_stack, stuck_reason
 
@@ -96,11 +106,20 @@ class RayExecutor(Executor):
             ``"auto"``, ``"host:port"`` or ``"ray://host:port"``.
         start_timeout: seconds to wait for the cluster to place and start the actors before
             raising :class:`auturi.AuturiError`.
+        actor_resources: what each Ray actor asks for beyond the layout's own bundle (one CPU
+            per process, a GPU for a CUDA policy): ``{"CPU": c, "GPU": g, "<custom>": x}``;
+            ``CPU`` and ``GPU`` raise the bundle's to at least ``c`` and ``g``, custom
+            resources are added (the RLlib face passes an EnvRunner's
+            ``num_cpus_per_env_runner``, ``num_gpus_per_env_runner`` and
+            ``custom_resources_per_env_runner`` here). A layout whose bundles no set of
+            alive nodes can hold fails at once with :class:`auturi.ConfigError`.
     """
 
     backend = "ray"
 
-    def __init__(self, *args: Any, address: str | None = None, start_timeout: float = 120.0, **kwargs: Any):
+    def __init__(self, *args: Any, address: str | None = None, start_timeout: float = 120.0,
+                 actor_resources: Mapping[str, float] | None = None, **kwargs: Any):
+        self._extra = check_actor_resources(actor_resources)
         self._actors: list[_Actor] = []
         self._inflight: dict[int, Any] = {}  # actor index -> ref of its call still running
         self._probes: list = []  # progress probes still unanswered (settled at close)
@@ -126,6 +145,13 @@ class RayExecutor(Executor):
         return [a.node for a in self._actors]
 
     @property
+    def actor_places(self) -> list[dict[str, Any]]:
+        """Where each actor runs, in actor order: ``{"actor", "envs": [first, last], "node"
+        (Ray node id), "ip", "pid"}`` (what the faces report and the status page shows)."""
+        return [{"actor": a.index, "envs": [a.envs[0], a.envs[-1]], "node": a.node, "ip": a.ip, "pid": a.pid}
+                for a in self._actors]
+
+    @property
     def actor_pids(self) -> list[int]:
         """The process id of each Ray actor, in actor order."""
         return [a.pid for a in self._actors]
@@ -137,6 +163,12 @@ class RayExecutor(Executor):
         if found:
             knob, why = found
             raise ConfigError(knob, getattr(config, knob), f"the Ray cluster cannot run {config}: {why}")
+        if self._extra:
+            bundle = with_extra(plan_layout(config, cluster=ray_cluster_resources()).actors[0].ray.bundle,  # type: ignore[union-attr]
+                                self._extra)
+            why = unplaceable(bundle, config.num_actors, alive_node_resources())
+            if why:
+                raise ConfigError("num_actors", config.num_actors, f"the Ray cluster cannot place {config}: {why}")
 
     # ------------------------------------------------------------------ config
     def _apply_config(self, config: Config) -> None:
@@ -153,16 +185,19 @@ class RayExecutor(Executor):
         self._counts = {"ended": ended, "started": plan.num_processes,
                         "recreated": self.num_envs if self._steps_done else 0}
         placements = [ap.ray for ap in plan.actors]
-        self._pg = placement_group([p.bundle for p in placements], strategy="SPREAD")  # type: ignore[union-attr]
+        bundles = [with_extra(p.bundle, self._extra) for p in placements]  # type: ignore[union-attr]
+        self._pg = placement_group(bundles, strategy="SPREAD")
         ready, _ = ray.wait([self._pg.ready()], timeout=self._start_timeout)
         if not ready:
-            raise AuturiError(f"the Ray cluster did not place {config.num_actors} actors of {placements[0].bundle} "  # type: ignore[union-attr]
-                              f"within {self._start_timeout:.0f} s (cluster: {ray_cluster_resources()})")
+            raise AuturiError(f"the Ray cluster did not place {config.num_actors} actors of {bundles[0]} within "
+                              f"{self._start_timeout:.0f} s (cluster: {ray_cluster_resources()}; other tasks may "
+                              f"hold its resources): add nodes, free them, or run fewer or smaller actors")
         if self._payload is None:
             self._payload = (ray.put(self.env_fns), ray.put(self.policy))
         cls = _actor_class()
         self._actors = [
-            _Actor(ap.index, cls.options(num_cpus=ap.ray.cpus, num_gpus=ap.ray.gpus,  # type: ignore[union-attr]
+            _Actor(ap.index, cls.options(num_cpus=bundles[ap.index]["CPU"], num_gpus=bundles[ap.index].get("GPU", 0),
+                                         resources=custom_of(bundles[ap.index]),
                                          scheduling_strategy=PlacementGroupSchedulingStrategy(
                                              self._pg, placement_group_bundle_index=ap.index)).remote(),
                    range(ap.env_ids[0], ap.env_ids[-1] + 1))

@@ -53,6 +53,15 @@ def _models() -> dict[str, Any]:
         policy_seconds: Num = None
         wait_seconds: Num = None
 
+    class ActorPlaceModel(BaseModel):
+        """Where one actor runs (``ray`` backend)."""
+
+        actor: int
+        envs: list[int] = Field(description="Its first and last global env index")
+        node: str = Field(description="The Ray node id")
+        ip: str = ""
+        pid: int = 0
+
     class StatusModel(BaseModel):
         """Where tuning stands."""
 
@@ -92,6 +101,7 @@ def _models() -> dict[str, Any]:
         collects_total: int | None = None
         seconds_total: TotalsModel | None = Field(None, description="Seconds of the recorded collects, summed")
         time_split: TimeSplitModel | None = None
+        actors: list[ActorPlaceModel] | None = Field(None, description="Where each actor runs (ray backend)")
 
     class TrialModel(BaseModel):
         """One measured config with all its samples."""

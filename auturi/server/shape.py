@@ -76,7 +76,22 @@ def _collect_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
                           if isinstance(totals, Mapping) else None),
         "time_split": ({**{k: _finite(split.get(k)) for k in parts}, "label": _config_label(split.get("config"))}
                        if isinstance(split, Mapping) else None),
+        "actors": _actor_places(raw.get("actors")),
     }
+
+
+def _actor_places(places: Any) -> list[dict[str, Any]] | None:
+    """Where each actor runs (ray backend), checked field by field; None when not reported."""
+    if not isinstance(places, (list, tuple)):
+        return None
+    out = []
+    for p in places:
+        if isinstance(p, Mapping):
+            envs = p.get("envs")
+            out.append({"actor": _int(p.get("actor")), "node": str(p.get("node", "?")), "ip": str(p.get("ip", "")),
+                        "pid": _int(p.get("pid")),
+                        "envs": [_int(e) for e in envs] if isinstance(envs, (list, tuple)) else []})
+    return out
 
 
 def _parse_config(c: Any) -> tuple[dict[str, Any], str] | None:
@@ -141,7 +156,7 @@ class _Reader:
                  "trials", "trials_ok", "budget_trials",
                  "budget_trials_left", "budget_seconds", "budget_seconds_left", "elapsed_seconds", "space",
                  "cache_hit", "updated_at", "hardware", "env", "steps_total", "collects_total", "seconds_total",
-                 "time_split"}
+                 "time_split", "actors"}
         cur, best = _config_dict(raw.get("current_config")), _config_dict(raw.get("best_config"))
         now_at, updated = _finite(raw.get("throughput_now_at")), _finite(raw.get("updated_at"))
         hw = raw.get("hardware")

@@ -25,6 +25,7 @@ class _State:
     collects_total: int = 0
     seconds_total: dict[str, float] | None = None  # wall, env, policy, wait: the counters' sums
     time_split: dict[str, Any] | None = None  # the latest collect's split
+    placement: tuple[dict[str, Any], ...] | None = None  # where each actor runs (ray backend)
 
 
 class StatusSnapshot:
@@ -112,6 +113,13 @@ class StatusSnapshot:
             history=(old.history + (point,))[-HISTORY_POINTS:], steps_total=(old.steps_total or 0) + int(steps),
             collects_total=old.collects_total + 1, seconds_total=totals, time_split=point)
 
+    def set_placement(self, places: Sequence[Mapping[str, Any]] | None) -> None:
+        """Publish where each actor runs (the ``ray`` backend's ``actor_places``: actor, envs,
+        node, ip, pid); the status shows it as ``actors`` until the next call."""
+        value = None if places is None else tuple(dict(p) for p in places)
+        if value != self._state.placement:
+            self._state = dataclasses.replace(self._state, placement=value, updated_at=time.time())
+
     def __call__(self, event: Any) -> None:
         """A tuner callback: takes the status each :class:`~auturi.tuner.TunerEvent` carries,
         the latest sample as the throughput now, and the trial list at trial ends."""
@@ -148,6 +156,8 @@ class StatusSnapshot:
         env = self._env or (getattr(self._source, "workload", None) or {}).get("env")
         if env and not out.get("env"):
             out["env"] = env
+        if s.placement is not None:
+            out.setdefault("actors", [dict(p) for p in s.placement])
         if s.collects_total:
             out.setdefault("steps_total", s.steps_total)
             out.setdefault("collects_total", s.collects_total)

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.adapters.common import tuner_kwargs
+from auturi.adapters.common import Collector, FaceHandle, build_collector, ray_kwargs, resolve_seed
 from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
 from auturi.adapters.rllib.envs import env_factory
 from auturi.adapters.rllib.policy import RLModulePolicy, exploration_kind
@@ -24,37 +24,37 @@ from auturi.errors import ConfigError
 __all__ = ["RLlibHandle", "build_handle", "runner_class"]
 
 
-class RLlibHandle:
+class RLlibHandle(FaceHandle):
     """What the :class:`AuturiEnvRunner` keeps as ``runner.auturi`` (``algo.env_runner.auturi``):
-    the executor, the optional online tuner and the last collect's stats."""
+    the shared :class:`~auturi.adapters.common.FaceHandle` (executor, optional online tuner,
+    status server, last collect's stats) plus the replicas' policy adapter."""
 
-    def __init__(self, executor: Any, tuner: Any, adapter: RLModulePolicy, seed: int):
-        self.executor, self.tuner, self.adapter, self.seed = executor, tuner, adapter, seed
-        self.last_stats: Any = None
-        self.collects = 0
+    def __init__(self, collector: Collector, adapter: RLModulePolicy, seed: int):
+        super().__init__(collector, seed)
+        self.adapter = adapter
         self.closed = False
 
-    @property
-    def config(self) -> Config:
-        return self.executor.config
-
     def collect(self, num_steps: int) -> Any:
-        rollout = (self.tuner if self.tuner is not None else self.executor).collect(num_steps)
-        self.collects += 1
-        self.last_stats = rollout.stats
-        return rollout
+        return self.collect_rollout(num_steps)
 
     def info(self) -> dict[str, Any]:
-        """What goes to ``result["env_runners"]["auturi"]``."""
+        """What goes to ``result["env_runners"]["auturi"]``: the layout, its speed, the tuner's
+        state and, on the ``ray`` backend, where each actor runs (``actors``: ``"ip/pid"``
+        per actor, ``nodes``: how many nodes they span)."""
         st = self.last_stats
         out: dict[str, Any] = {
             "config": str(self.executor.config),
+            "backend": self.executor.backend,
             "phase": self.tuner.phase if self.tuner is not None else "fixed",
             "steps_per_s": float(st.steps_per_second) if st is not None else float("nan"),
             "collect_s": float(st.seconds) if st is not None else float("nan"),
             "reconfigure_s": float(self.executor.last_reconfigure_seconds),
             "collects": self.collects,
         }
+        places = self.actor_places
+        if places is not None:
+            out["actors"] = [f"{p['ip']}/{p['pid']}" for p in places]
+            out["nodes"] = len({p["node"] for p in places})
         t = self.tuner
         if t is not None:
             out["trials"] = len(t.history)
@@ -70,10 +70,10 @@ class RLlibHandle:
         return out
 
     def close(self) -> None:
-        """End the workers. Idempotent; the runner then samples with RLlib's own envs."""
+        """End the workers (and the status server). Idempotent; the runner then samples with
+        RLlib's own envs."""
         self.closed = True
-        self.executor.close()
-
+        super().close()
 
 
 _RUNNER_CLS: type | None = None
@@ -307,25 +307,31 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
     finally:
         probe.close()
     n = runner.num_envs
-    seed = opts.get("seed")
-    if seed is None:
-        seed = cfg.seed if cfg.seed is not None else int(np.random.randint(0, 2**31 - 1))
+    seed = resolve_seed(opts.get("seed"), cfg.seed)
     start = opts.get("config") or opts["start"]
     if start.num_envs != n:
         raise ConfigError("num_actors*envs_per_actor", start.num_envs, f"must equal the total envs {n}")
-    executor = make_executor([factory] * n, adapter, num_envs=n, config=start, backend=opts["backend"],
-                             seed=int(seed), worker_timeout=opts.get("worker_timeout"))
-    tuner = None
-    try:
-        if opts.get("config") is None and opts["tune"]:
-            from auturi.tuner import OnlineTuner
+    backend = resolve_backend(opts["backend"], opts.get("address"))
+    collector = build_collector(
+        [factory] * n, adapter, n, config=opts.get("config"), start=start, tune=opts["tune"],
+        strategy=opts["strategy"], budget=opts.get("budget"), backend=backend, seed=seed,
+        worker_timeout=opts.get("worker_timeout"), status_port=opts.get("status_port"),
+        workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?", "env": factory.name},
+        executor_kwargs=ray_kwargs(backend, opts.get("address"), opts.get("actor_resources")))
+    return RLlibHandle(collector, adapter, seed)
 
-            tuner = OnlineTuner(executor, strategy=opts["strategy"], seed=int(seed),
-                                workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?",
-                                          "env": factory.name},
-                                **tuner_kwargs(opts.get("budget")))
-    except BaseException:
-        executor.close()
-        raise
-    return RLlibHandle(executor, tuner, adapter, int(seed))
 
+def resolve_backend(backend: str | None, address: str | None) -> str:
+    """``backend=None`` (the RLlib face's default): ``"ray"`` when an ``address`` is given or
+    this process is connected to a Ray cluster of more than one alive node (sampling then
+    stays spread over the cluster, as RLlib's remote EnvRunners were), else ``"shm"`` (on one
+    machine shared memory beats Ray's object store, whatever ``num_env_runners`` was)."""
+    if backend is not None:
+        return backend
+    if address is not None:
+        return "ray"
+    import ray
+
+    if ray.is_initialized() and sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
+        return "ray"
+    return "shm"

@@ -10,7 +10,7 @@ from auturi.adapters.rllib.runner import runner_class
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError
 
-__all__ = ["SUPPORTED", "check_algorithm", "check_supported", "unwrap_rllib", "wrap_rllib"]
+__all__ = ["SUPPORTED", "check_algorithm", "check_supported", "runner_resources", "unwrap_rllib", "wrap_rllib"]
 
 
 SUPPORTED = ("PPO", "APPO", "IMPALA", "DQN", "SAC")
@@ -86,8 +86,9 @@ def check_supported(cfg: Any) -> None:
 
 
 def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
-               budget: Any = None, backend: str = "shm", seed: int | None = None,
-               worker_timeout: float | None = None) -> Any:
+               budget: Any = None, backend: str | None = None, address: str | None = None,
+               seed: int | None = None, worker_timeout: float | None = None,
+               status_port: int | None = None) -> Any:
     """Make the algorithm built from ``algo_config`` sample through an Auturi executor.
 
     Returns the same ``AlgorithmConfig`` object (changed in place, like its builder methods):
@@ -103,12 +104,25 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
             (each training iteration's collect is one measurement), starting from RLlib's own
             layout (one actor per EnvRunner). ``False``: run that layout.
         strategy, budget: the tuner's strategy and budget (as for :func:`auturi.wrap` on SB3).
-        backend: ``"shm"`` (processes and shared memory) or ``"serial"``.
+        backend: ``"shm"`` (processes and shared memory on this machine), ``"serial"`` or
+            ``"ray"`` (one Ray actor per Auturi actor, spread over the Ray cluster, each asking
+            for the config's per-runner resources: ``num_cpus_per_env_runner`` and
+            ``num_gpus_per_env_runner`` as a floor on its bundle, plus
+            ``custom_resources_per_env_runner``). ``None`` (default): ``"ray"`` when
+            ``address`` is given or, at ``build_algo()``, this process is connected to a Ray
+            cluster of more than one alive node; else ``"shm"``.
+        address: the Ray cluster (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``) for
+            ``backend="ray"``; ``None``: the current connection, ``RAY_ADDRESS``, or a local
+            instance. A lost actor or node fails ``train()`` with :class:`~auturi.WorkerError`
+            naming it (``restart_failed_env_runners`` does not apply: a restarted actor's fresh
+            envs would change the data; resume from a checkpoint).
         seed: env ``i`` is seeded ``seed + i`` and the action noise is keyed by it. Default:
             ``config.debugging(seed=...)`` (RLlib seeds its sub-envs the same way), else random.
         worker_timeout: seconds a worker may go without progress before ``train()`` raises
             :class:`~auturi.WorkerError` naming it with its stack; ``None``: 60 s (or
             ``$AUTURI_WORKER_TIMEOUT``).
+        status_port: serve the status page (layout, throughput, where each actor runs) on
+            this loopback port while training (0: a free one).
 
     Raises:
         UnsupportedConfigError: another algorithm, the old API stack, multi-agent, custom
@@ -117,7 +131,8 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
     check_supported(algo_config)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
-    check_face_options(backend, worker_timeout)
+    check_face_options("ray" if backend is None and address is not None else (backend or "shm"), worker_timeout,
+                       address)
     if seed is not None and int(seed) < 0:
         raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
     runners, per = int(algo_config.num_env_runners or 0), int(algo_config.num_envs_per_env_runner)
@@ -131,12 +146,21 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
                                                              policy_batch_size=per)
     setattr(algo_config, OPTIONS_ATTR, {
         "config": config, "tune": bool(tune), "strategy": strategy, "budget": budget, "backend": backend,
-        "worker_timeout": worker_timeout,
+        "worker_timeout": worker_timeout, "address": address, "status_port": status_port,
+        "actor_resources": runner_resources(algo_config),
         "seed": None if seed is None else int(seed), "start": start,
         "restore": {"num_env_runners": algo_config.num_env_runners, "num_envs_per_env_runner": per},
     })
     algo_config.env_runners(env_runner_cls=runner_class(), num_env_runners=0, num_envs_per_env_runner=total)
     return algo_config
+
+
+def runner_resources(cfg: Any) -> dict[str, float]:
+    """What each RLlib EnvRunner of ``cfg`` asked Ray for; on the ``ray`` backend each Auturi
+    actor asks for at least as much (its layout may need more CPUs: one per process)."""
+    out = {"CPU": float(cfg.num_cpus_per_env_runner or 0), "GPU": float(cfg.num_gpus_per_env_runner or 0)}
+    out.update({str(k): float(v) for k, v in (cfg.custom_resources_per_env_runner or {}).items()})
+    return {k: v for k, v in out.items() if v}
 
 
 def unwrap_rllib(obj: Any) -> Any:

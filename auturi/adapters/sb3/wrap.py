@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.adapters.common import build_collector, check_face_options, resolve_seed
+from auturi.adapters.common import build_collector, check_face_options, ray_kwargs, resolve_seed
 from auturi.adapters.sb3.envs import (
     ENV_FN_HINT,
     EnvFactory,
@@ -37,7 +37,8 @@ def _excluded_save_params(self: Any) -> list[str]:
 def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
              budget: Any = None, backend: str = "shm", status_port: int | None = None,
              env_fn: Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]] | None = None,
-             seed: int | None = None, deterministic: bool = False, worker_timeout: float | None = None) -> Any:
+             seed: int | None = None, deterministic: bool = False, worker_timeout: float | None = None,
+             address: str | None = None, actor_resources: dict[str, float] | None = None) -> Any:
     """Make ``model.learn()`` collect its experience through an Auturi executor.
 
     Returns the same ``model`` object. ``learn``, ``save``, ``load``, ``predict``, callbacks,
@@ -58,7 +59,9 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         strategy: the tuner's search strategy (``"model"``, ``"grid"``, ``"optuna"``).
         budget: the tuner's budget: an int (configs to measure), a float (seconds) or a dict
             of :class:`~auturi.tuner.OnlineTuner` keyword arguments.
-        backend: ``"shm"`` (processes and shared memory) or ``"serial"``.
+        backend: ``"shm"`` (processes and shared memory), ``"serial"`` or ``"ray"`` (one Ray
+            actor per actor, spread over a Ray cluster's nodes; the envs must pickle, as for
+            ``shm``).
         status_port: serve the status (tuner trials, throughput, config) over HTTP on this
             loopback port (``auturi.server``; 0 picks a free one, see ``model.auturi.server.url``).
         env_fn: a zero-argument callable returning one ``gymnasium.Env`` as the model's
@@ -71,6 +74,11 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         worker_timeout: seconds a worker may go without progress (a stuck env step, a stopped
             process) before ``learn`` raises :class:`~auturi.WorkerError` naming it with its
             stack; ``None``: ``$AUTURI_WORKER_TIMEOUT``, else 60 s.
+        address: with ``backend="ray"``, the Ray cluster (``"auto"``, ``"HOST:6379"``,
+            ``"ray://HOST:10001"``); ``None``: the current connection, ``RAY_ADDRESS``, or a
+            local instance. ``model.auturi.actor_places`` says where each actor runs.
+        actor_resources: with ``backend="ray"``, what each Ray actor asks for beyond its
+            layout's CPUs (``{"CPU": 2, "GPU": 0.5, "my_resource": 1}``).
 
     Raises:
         NotImplementedError: HER, gSDE, unsupported VecEnv wrappers or action distributions.
@@ -79,7 +87,9 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
     off_policy = _check_model(model)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
-    check_face_options(backend, worker_timeout)
+    check_face_options(backend, worker_timeout, address)
+    if actor_resources and backend != "ray":
+        raise ValueError(f"actor_resources are what each Ray actor asks for: they need backend='ray', got {backend!r}")
     n = int(model.n_envs)
     if config is not None and config.num_envs != n:
         from auturi.errors import ConfigError
@@ -105,7 +115,8 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
     collector = build_collector(factories, adapter, n, config=config, tune=tune, strategy=strategy, budget=budget,
                                 backend=backend, seed=seed, worker_timeout=worker_timeout,
                                 workload={"sb3": type(model).__name__, "env": factories[0].name},
-                                status_port=status_port, verbose=model.verbose >= 1)
+                                status_port=status_port, verbose=model.verbose >= 1,
+                                executor_kwargs=ray_kwargs(backend, address, actor_resources))
     model.auturi = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space)
     model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)
     model._excluded_save_params = types.MethodType(_excluded_save_params, model)
