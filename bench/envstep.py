@@ -9,7 +9,7 @@ Compared side by side in one run, rounds interleaved:
 - Auturi's serial config against DummyVecEnv;
 - the CPU used by idle Auturi workers between collects.
 
-Run: python -m bench.envstep [--envs 1 4 16 64] [--steps 10000] [--rounds 5]
+Run: python -m bench.envstep [--envs 1 4 16 64] [--steps 10000] [--rounds 5] [--columns ...]
 """
 from __future__ import annotations
 
@@ -115,6 +115,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=10000,
                     help="env steps per sample (N rows of steps // N); short samples (2000) varied ±30%% between rounds")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS),
+                    help="runners to measure (default all); e.g. auturi_degree_N floor for the per-row ratio alone")
     ap.add_argument("--out", default="bench/results/envstep.json")
     args = ap.parse_args(argv)
     import stable_baselines3  # noqa: F401  (for the version in the header)
@@ -123,12 +125,13 @@ def main(argv=None) -> dict:
     results: dict = {"machine": machine_header(), "command": "python -m bench.envstep " + " ".join(argv or sys.argv[1:]),
                      "rows": []}
     print(results["machine"])
-    for row in measure(args.envs, args.steps, args.rounds):
+    for row in measure(args.envs, args.steps, args.rounds, tuple(args.columns)):
         results["rows"].append(row)
         print(f"N={row['n']:3d} " + "  ".join(f"{k}={row[k]['median']:9.0f}" for k in COLUMNS if k in row)
               + "  | " + "  ".join(f"{k}={v:.2f}" for k, v in row.items() if k.startswith("ratio")), flush=True)
-    results["idle_worker_cpu_percent_16_workers"] = idle_cpu_percent(16)
-    print(f"idle CPU of 16 idle env workers: {results['idle_worker_cpu_percent_16_workers']:.2f}% of one core")
+    if "auturi_degree_N" in args.columns:
+        results["idle_worker_cpu_percent_16_workers"] = idle_cpu_percent(16)
+        print(f"idle CPU of 16 idle env workers: {results['idle_worker_cpu_percent_16_workers']:.2f}% of one core")
     import os
 
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -156,9 +159,10 @@ def table(rows: list[dict]) -> list[str]:
 def markdown(results: dict) -> str:
     """The table for docs/benchmarks.md, from the JSON (never typed by hand)."""
     out = [f"Machine: {results['machine']}  ", f"Command: `{results['command']}`", ""] + table(results["rows"])
-    out.append("")
-    out.append(f"Idle CPU of 16 idle env workers between collects: "
-               f"{results['idle_worker_cpu_percent_16_workers']:.2f}% of one core.")
+    if "idle_worker_cpu_percent_16_workers" in results:
+        out.append("")
+        out.append(f"Idle CPU of 16 idle env workers between collects: "
+                   f"{results['idle_worker_cpu_percent_16_workers']:.2f}% of one core.")
     return "\n".join(out)
 
 
