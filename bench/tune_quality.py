@@ -119,7 +119,8 @@ def markdown(out: dict) -> str:
             r = row[s]
             frac = f"{r['fraction_of_grid_best']:.2f}" if "fraction_of_grid_best" in r else "1.00"
             tfrac = f"{r['fraction_of_grid_seconds']:.2f}" if "fraction_of_grid_seconds" in r else "1.00"
-            lines.append(f"| {row['workload']} | {s} | {Config.from_dict(r['choice'])} | {r['trials']} | "
+            cfg = str(Config.from_dict(r["choice"])).replace("|", "\\|")  # its separators would split the cell
+            lines.append(f"| {row['workload']} | {s} | {cfg} | {r['trials']} | "
                          f"{r['seconds']:.0f} | {frac} | {tfrac} | {r['vs_serial']:.2f}x | {r['vs_best_peer']:.2f}x |")
     return "\n".join(lines)
 
