@@ -36,7 +36,8 @@ NOTES = {
     "budget": "stopped when the budget ran out",
     "separated": "re-measure stopped: the fastest one's interval lay above all the others'",
     "max_rounds": "re-measure ran its most rounds",
-    "confirm": "re-measured after the choice was made, with start and serial, in fixed interleaved rounds",
+    "confirm": ("re-measured after the choice, with start and serial, in interleaved rounds (at least 3 samples, "
+                "more while the budget allows; each sample as many collects as the config's spread needs)"),
 }
 """What each word of the table's note column means (the footer and --help print these)."""
 SOURCES = {
@@ -45,7 +46,7 @@ SOURCES = {
     "final": "re-measured interleaved to choose between close ones",
     "confirm": "re-measured after the choice: the numbers printed below the table",
 }
-INTERVAL_HELP = ("steps/s is the median of the n samples (steps per second of one collect); interval is the "
+INTERVAL_HELP = ("steps/s is the median of the n samples (steps per second of one sample: one or more back-to-back collects); interval is the "
                  "distribution-free interval of the median with its exact confidence: the samples' range below 6 "
                  "samples (75% at 3, 88% at 4, 94% at 5), >= 95% from 6; none below 3 samples")
 

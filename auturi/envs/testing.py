@@ -126,12 +126,22 @@ class SlowEnv(CountingEnv):
 
 class HeavyTailEnv(CountingEnv):
     """Step time with a heavy tail: usually ``base_seconds``, one step in ``1/tail_prob``
-    takes ``tail_factor`` times as long (spin-computed, so it uses the CPU)."""
+    takes ``tail_factor`` times as long (spin-computed, so it uses the CPU).
+
+    Which steps are slow is drawn per env from its first ``reset`` seed: with one fixed seed
+    every env of a vector was slow on the same step, so averaging over envs cancelled nothing
+    and the env was ~3x noisier than a real simulator's independent stalls."""
 
     def __init__(self, base_seconds: float = 5e-5, tail_prob: float = 0.02, tail_factor: float = 50.0, **kw: Any):
         super().__init__(**kw)
         self.base_seconds, self.tail_prob, self.tail_factor = base_seconds, tail_prob, tail_factor
-        self._cost_rng = np.random.default_rng(12345)
+        self._cost_rng = np.random.default_rng(12345)  # until the first seeded reset
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None and not getattr(self, "_cost_seeded", False):
+            self._cost_rng = np.random.default_rng([12345, int(seed)])
+            self._cost_seeded = True
+        return super().reset(seed=seed, options=options)
 
     def step(self, action):
         cost = self.base_seconds * (self.tail_factor if self._cost_rng.random() < self.tail_prob else 1.0)
