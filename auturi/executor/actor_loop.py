@@ -133,9 +133,9 @@ class ActorLoop:
 
             return serial
         now = time.perf_counter
-        post, wait = (group.step_row, group.wait) if group is not None else (None, None)
 
         def rows(num_steps: int) -> None:
+            post, wait = (group.step_row, group.wait) if group is not None else (None, None)
             waited = 0.0
             try:
                 for t in range(num_steps):
