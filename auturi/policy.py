@@ -117,7 +117,14 @@ class ConstantPolicy(_StatelessPolicy):
                                  dtype=action_space.dtype)
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> PolicyOutput:
-        return np.broadcast_to(self.action, (len(obs), *self.action.shape)), {}
+        # A read-only view, kept per batch size: callers copy it out, and building it again
+        # was the largest cost of a one-env row.
+        n = len(obs)
+        cache = self.__dict__.setdefault("_by_n", {})
+        out = cache.get(n)
+        if out is None:
+            out = cache[n] = np.broadcast_to(self.action, (n, *self.action.shape))
+        return out, {}
 
 
 class RandomPolicy(_StatelessPolicy):
