@@ -33,23 +33,29 @@ TRACKED: set[int] = set()  # pids of Ray actors and of every process they starte
 DEADLINE = 30.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def two_nodes():
-    """A head node and a second node, each with 8 logical CPUs (Ray only counts them; the
-    machine has 2 cores) and a custom resource naming it."""
+def two_node_cluster(cpus: int):
+    """A head node and a second node, each with ``cpus`` logical CPUs (Ray only counts them;
+    the machine has 2 cores) and a custom resource naming it ("node_a", "node_b"), with this
+    process connected; a generator for a module fixture (other test modules use it too)."""
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         ray.shutdown()
     small = {"object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 8, "resources": {"node_a": 1}, "include_dashboard": False, **small})
-    cluster.add_node(num_cpus=8, resources={"node_b": 1}, **small)
+                      head_node_args={"num_cpus": cpus, "resources": {"node_a": 1}, "include_dashboard": False,
+                                      **small})
+    cluster.add_node(num_cpus=cpus, resources={"node_b": 1}, **small)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def two_nodes():
+    yield from two_node_cluster(8)
 
 
 def _alive(pid: int) -> bool:

@@ -12,7 +12,6 @@ Every test checks that the Ray actors it started ended and left no shared memory
 """
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -23,7 +22,7 @@ pytest.importorskip("ray.rllib")
 
 import auturi  # noqa: E402
 from auturi import Config, ConfigError, WorkerError  # noqa: E402
-from tests.test_executor_ray import _alive, _segments_of  # noqa: E402
+from tests.test_executor_ray import _alive, _segments_of, two_node_cluster  # noqa: E402
 
 SEEN: set[int] = set()  # pids of the Ray actors the faces started
 DEADLINE = 30.0
@@ -31,20 +30,7 @@ DEADLINE = 30.0
 
 @pytest.fixture(scope="module", autouse=True)
 def two_nodes():
-    """Two nodes with 4 logical CPUs each (Ray only counts them) and a resource naming each."""
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    small = {"object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 4, "resources": {"node_a": 1}, "include_dashboard": False, **small})
-    cluster.add_node(num_cpus=4, resources={"node_b": 1}, **small)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    yield from two_node_cluster(4)
 
 
 @pytest.fixture(autouse=True)

@@ -288,7 +288,18 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                                           f"{budget_seconds:g} s" if budget_seconds else "") if x),
                   markup=False, soft_wrap=True)
 
+    places: dict[str, list] = {}  # config -> where its actors ran (ray backend), for the report and the page
+
+    def on_event(event: Any) -> None:
+        feed(event)
+        got = getattr(places.get("executor"), "actor_places", None)
+        if got:
+            places[str(places["executor"].config)] = got
+            if page is not None:
+                page.snapshot.set_placement(got)
+
     def on_start(tuner: Any, executor: Any) -> None:
+        places["executor"] = executor
         if page is not None:
             url = page.start(tuner)
             err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
@@ -302,7 +313,7 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                               budget_seconds=budget_seconds, budget_trials=budget_trials, strategy=strategy,
                               backend=backend, start=start_config, devices=dev_list, seed=seed, cache=cache,
                               max_trial_seconds=max_trial_seconds, top_k=DEFAULT_TOP_K,
-                              final_rounds=DEFAULT_FINAL_ROUNDS, callback=feed, on_start=on_start,
+                              final_rounds=DEFAULT_FINAL_ROUNDS, callback=on_event, on_start=on_start,
                               **executor_kwargs)
         except ConfigError as e:
             fail(str(e))
@@ -311,7 +322,7 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                 progress.stop()
         if page is not None:
             page.final()
-        _report(result, out_path, json_out, cache, page, err, out_console)
+        _report(result, out_path, json_out, cache, page, err, out_console, places.get(str(result.choice)))
         if page is not None and page.server is not None and status_linger > 0:
             if not json_out:
                 err.print(f"Serving {page.server.url} for {status_linger:g} more s (Ctrl-C to stop)", markup=False)
@@ -325,17 +336,26 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
 
 
 def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, page: Any, err: Any,
-            out_console: Any) -> None:
-    """The record to --out, then the JSON or the tables."""
+            out_console: Any, places: list | None = None) -> None:
+    """The record to --out, then the JSON or the tables (with ``--backend ray``, where the
+    choice's actors ran)."""
     saved = result.save(out_path) if out_path is not None else None
     if json_out:
         rec = result.to_record()
+        if places:
+            rec["actors"] = places
         if page is not None and page.server is not None:
             rec["status_url"] = page.server.url
         out_console.file.write(json.dumps(json_safe(rec), indent=1, allow_nan=False) + "\n")
         out_console.file.flush()
         return
     print_result(out_console, result, saved)
+    if places:
+        from auturi.executor.ray_cluster import place_lines
+
+        out_console.print(f"Where its actors ran ({len({p['node'] for p in places})} nodes):", markup=False)
+        for line in place_lines(places):
+            out_console.print("  " + line, markup=False, soft_wrap=True)
     if saved is None and cache:
         from auturi.tuner.cache import ResultsCache
 

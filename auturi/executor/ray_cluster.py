@@ -14,7 +14,7 @@ from auturi.errors import AuturiError
 from auturi.resources import ClusterResources, ray_cluster_resources, usable_cores
 
 __all__ = ["ClusterResources", "ray_cluster_resources", "connect", "release", "check_actor_resources", "with_extra",
-           "custom_of", "alive_node_resources", "unplaceable"]
+           "custom_of", "alive_node_resources", "unplaceable", "place_lines"]
 
 _lock = threading.Lock()
 _local = {"started": False, "users": 0}  # the local instance Auturi started, and its executors
@@ -28,7 +28,7 @@ def connect(address: str | None) -> bool:
     with _lock:
         if ray.is_initialized():
             current = ray.get_runtime_context().gcs_address
-            if address not in (None, "auto", current):
+            if address not in (None, "auto", current) and _canonical(address) != current:
                 raise AuturiError(f"this process is already connected to the Ray cluster at {current}, "
                                   f"not address={address!r}: Ray talks to one cluster per process "
                                   f"(ray.shutdown() first, or pass address=None)")
@@ -52,6 +52,17 @@ def connect(address: str | None) -> bool:
                 f"  Start one on the head node with `ray start --head` (then address='auto' or "
                 f"'HOST:6379'), or pass address=None (and unset RAY_ADDRESS) for a local Ray instance.") from exc
         return False
+
+
+def _canonical(address: str) -> str | None:
+    """``address`` as Ray writes the current one (``127.0.0.1`` and ``localhost`` become this
+    node's IP), so the same cluster named two ways is not refused."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - a private helper: compare as written when it moves
+        return address
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -144,3 +155,13 @@ def unplaceable(bundle: Mapping[str, float], count: int, nodes: list[dict[str, f
              for n in nodes]
     return (f"{count} actors of {dict(bundle)} each: the alive nodes hold {placed} (node totals: {shown}); ask for "
             f"less per actor (e.g. smaller custom_resources_per_env_runner), run fewer actors, or add nodes")
+
+
+def place_lines(places: list[dict]) -> list[str]:
+    """One line per actor of an executor's ``actor_places``, as the CLI prints them.
+
+    >>> place_lines([{"actor": 0, "envs": [0, 3], "node": "ab12cd34ef56aa", "ip": "10.0.0.2", "pid": 41}])
+    ['actor 0 (envs 0-3): node ab12cd34ef56 (10.0.0.2), pid 41']
+    """
+    return [f"actor {p['actor']} (envs {p['envs'][0]}-{p['envs'][-1]}): node {str(p['node'])[:12]} ({p['ip']}), "
+            f"pid {p['pid']}" for p in places]
