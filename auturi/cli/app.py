@@ -3,6 +3,9 @@
 
 Exit codes: 0 done, 1 tuning failed at run time (a worker died), 2 bad input (unknown env,
 bad budget, missing GPU, unreadable file; one line says what to change), 130 interrupted.
+
+Over 400 lines because ``tune``'s options, their checks and its report (with ``--backend ray``,
+where the actors ran) read best in one place; parsing lives in ``knobs``, rendering in ``render``.
 """
 from __future__ import annotations
 
