@@ -22,11 +22,12 @@ def test_budget_forms():
         tuner_kwargs("fast")
 
 
-def test_faces_refuse_ray_and_bad_timeouts_with_the_fix():
+def test_faces_take_ray_and_refuse_bad_options_with_the_fix():
     check_face_options("shm", None)
     check_face_options("serial", 5)
-    with pytest.raises(ValueError, match="make_executor"):
-        check_face_options("ray", None)
+    check_face_options("ray", None)
+    with pytest.raises(ValueError, match="needs backend='ray'"):
+        check_face_options("shm", None, address="auto")
     with pytest.raises(ValueError, match="backend must be one of"):
         check_face_options("threads", None)
     for bad in (0, -1.0, "soon"):
