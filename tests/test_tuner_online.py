@@ -457,3 +457,34 @@ def test_short_collects_are_gathered_into_samples_of_at_least_min_sample_seconds
 def test_min_sample_seconds_must_not_be_negative():
     with pytest.raises(ValueError, match="min_sample_seconds"):
         OnlineTuner(FakeExecutor(N, speeds), "grid", cache=False, min_sample_seconds=-1)
+
+
+def test_the_lock_in_stays_on_the_start_unless_another_is_clearly_faster():
+    near = Config(num_actors=2, envs_per_actor=4)
+    speed = {Config.serial(N): 1000.0, near: 1020.0}  # 2% faster: within the lock margin
+
+    def truth(c):
+        return speed.get(c, 500.0)
+
+    from auturi.tuner import SearchSpace
+
+    space = SearchSpace(totals=SPACE.totals, cores=SPACE.cores, devices=SPACE.devices,
+                        configs=[Config.serial(N), near])
+    for margin, want in ((0.03, Config.serial(N)), (0.0, near)):
+        ex = FakeExecutor(N, truth, noise=0.0)
+        online = OnlineTuner(ex, "grid", space=space, cache=False, clock=ex.clock, min_samples=2, max_samples=3,
+                             search_share=None, lock_margin=margin)
+        while online.phase != "locked":
+            online.collect(16)
+        assert online.locked_config == want and ex.config == want
+
+
+def test_a_predicted_gain_below_min_gain_is_not_tried():
+    ex = ProfiledFake()
+    online = model_online(ex, min_gain=0.99)  # no prediction is 100x the serial figure
+    left = 2000
+    while online.phase != "locked":
+        online.collect(64, remaining_collects=left)
+        left -= 1
+    assert ex.reconfigures == 0 and online.locked_config == Config.serial(N16)
+    assert online.declined and online.declined[0]["benefit_seconds"] == 0.0

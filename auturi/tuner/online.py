@@ -80,6 +80,12 @@ class OnlineTuner(_Session):
             fraction of its cached throughput.
         profile_from_rollouts: the model's profile comes from the start layout's collects
             when that layout is in-process (False: profile the executor, as offline).
+        min_gain: a config is tried only where its prediction beats the best measured
+            config by at least this fraction (and the trial pays back, see :meth:`_pays_back`):
+            a smaller gain is within what the noise of a few samples hides.
+        lock_margin: the lock-in stays on the start layout (what plain training runs) unless
+            another config measured at least this fraction faster: the fastest of several
+            configs measured within noise of each other is fast partly by luck.
         min_sample_seconds: a sample spans consecutive collects until they add up to this
             long (an off-policy collect of one step per env takes a millisecond: a sample of
             one would measure the timer's and the scheduler's noise, not the layout).
@@ -108,7 +114,8 @@ class OnlineTuner(_Session):
                  callback: Callback | None = None, seed: int = 0, strategy_kwargs: dict[str, Any] | None = None,
                  workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
-                 profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05):
+                 profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05,
+                 min_gain: float = 0.05, lock_margin: float = 0.03):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -134,6 +141,10 @@ class OnlineTuner(_Session):
         if min_sample_seconds < 0:
             raise ValueError(f"min_sample_seconds must be >= 0, got {min_sample_seconds}")
         self.min_sample_seconds = min_sample_seconds
+        if not 0 <= min_gain < 1 or not 0 <= lock_margin < 1:
+            raise ValueError(f"min_gain and lock_margin must be in [0, 1), got {min_gain}, {lock_margin}")
+        self.min_gain, self.lock_margin = min_gain, lock_margin
+        self._search_trials = 0  # finished trials of configs other than start, serial and cached
         self._pending = (0.0, 0)  # (seconds, steps) of the collects of the sample being gathered
         self.start_config: Config = executor.config
         self.locked: Trial | None = None
@@ -365,6 +376,8 @@ class OnlineTuner(_Session):
             return
         t = rec.trial
         self._record_trial(t)
+        if t.source in ("online", "research"):
+            self._search_trials += 1
         if self.phase == "research":
             self._research_trials.append(t)
         self.current, self._rec = None, None
@@ -416,7 +429,9 @@ class OnlineTuner(_Session):
         may be wrong; its optimistic bound, which the search itself uses, would make a short
         run pay for trials a long one can afford). Cost: reconfiguring there and back, and
         the trial's warm-up and first sample at up to half speed (a slower trial stops after
-        its first sample)."""
+        its first sample), or what this run's search trials cost on average so far, if more
+        (their reconfigures and every collect's time beyond the best config's rate). A gain
+        below ``min_gain`` weighs nothing."""
         left = self.remaining_collects
         best = self.best()
         if pred is None and self._prepared:
@@ -426,8 +441,12 @@ class OnlineTuner(_Session):
         collect_s = self._num_steps * self.executor.num_envs / best.estimate
         trial_collects = self.protocol.warmup_collects + self.protocol.min_samples
         gain = max(0.0, 1.0 - best.estimate / pred)
+        if gain < self.min_gain:
+            return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
         benefit = 0.5 * gain * collect_s * max(0, left - trial_collects)
         cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
+        if self._search_trials:  # what this run's trials really cost (slow collects included)
+            cost = max(cost, self.search_cost / self._search_trials)
         return benefit, cost
 
     def _net_payback(self, config: Config, pred: float) -> float:
@@ -441,7 +460,7 @@ class OnlineTuner(_Session):
         (:meth:`_payback`; always True when the caller did not say how many collects remain).
         A config that does not is recorded in ``declined``."""
         bc = self._payback(config)
-        if bc is None or bc[0] > bc[1]:
+        if bc is None or (bc[0] > bc[1] and bc[0] > 0):
             return True
         benefit, cost = bc
         best = self.best()
@@ -458,7 +477,7 @@ class OnlineTuner(_Session):
     def _lock(self, best: Trial | None = None) -> None:
         if best is None:
             pool = self._research_trials if self.phase == "research" else self.history
-            best = self.best(pool) or self.best()
+            best = self._keep_start(self.best(pool) or self.best(), pool)
         assert best is not None, "no config was measured"
         if best.config != self.executor.config:
             self._reconfigure(best.config)
@@ -470,6 +489,17 @@ class OnlineTuner(_Session):
         self._set_phase("locked")
         self._emit("locked", best, best.estimate, f"locked in {best.config} at {_fmt(best.estimate)} steps/s")
         self._save()
+
+    def _keep_start(self, best: Trial | None, pool: Sequence[Trial]) -> Trial | None:
+        """``best``, unless the start layout was measured within ``lock_margin`` of it: then
+        the start (the fastest of configs within noise of each other is partly luck, and the
+        start is what plain training runs)."""
+        if best is None or best.config == self.start_config:
+            return best
+        start = [t for t in pool if t.ok and t.config == self.start_config]
+        if start and max(t.estimate for t in start) * (1 + self.lock_margin) >= best.estimate:
+            return max(start, key=lambda t: t.estimate)
+        return best
 
     def _monitor(self, sps: float) -> None:
         if self._fresh:  # right after the lock-in reconfigure: a warm-up, not a drop
