@@ -488,3 +488,28 @@ def test_a_predicted_gain_below_min_gain_is_not_tried():
         left -= 1
     assert ex.reconfigures == 0 and online.locked_config == Config.serial(N16)
     assert online.declined and online.declined[0]["benefit_seconds"] == 0.0
+
+
+def test_a_model_that_overpromises_stops_being_believed():
+    """Every layout runs at the serial rate (a cheap env: the profile promises gains the
+    machine does not give): each trial delivers none of its promise, the discount falls, and
+    the search stops sooner than if the promises were still taken at half."""
+    serial_rate = predict(Config.serial(N16), TRUE)
+
+    def search(pinned: bool) -> OnlineTuner:
+        ex = ProfiledFake(truth=lambda c: serial_rate)
+        online = model_online(ex, lock_margin=0.0)
+        if pinned:
+            online.discount = lambda: 0.5
+        left = 400
+        while online.phase != "locked":
+            online.collect(64, remaining_collects=left)
+            left -= 1
+        return online
+
+    learned, pinned = search(False), search(True)
+    n = [len([t for t in o.history if t.source == "online"]) for o in (learned, pinned)]
+    assert 1 <= n[0] < n[1]
+    assert learned.realized and all(r == 0.0 for r in learned.realized)
+    assert learned.discount() < 0.5 and learned.declined
+    assert learned.result().online["realized"] == learned.realized

@@ -145,6 +145,8 @@ class OnlineTuner(_Session):
             raise ValueError(f"min_gain and lock_margin must be in [0, 1), got {min_gain}, {lock_margin}")
         self.min_gain, self.lock_margin = min_gain, lock_margin
         self._search_trials = 0  # finished trials of configs other than start, serial and cached
+        self._promised: dict[Config, tuple[float, float]] = {}  # proposed config -> (predicted gain, best then)
+        self.realized: list[float] = []  # per search trial: measured gain / predicted gain, in [0, 1]
         self._pending = (0.0, 0)  # (seconds, steps) of the collects of the sample being gathered
         self.start_config: Config = executor.config
         self.locked: Trial | None = None
@@ -378,6 +380,7 @@ class OnlineTuner(_Session):
         self._record_trial(t)
         if t.source in ("online", "research"):
             self._search_trials += 1
+            self._track_record(t)
         if self.phase == "research":
             self._research_trials.append(t)
         self.current, self._rec = None, None
@@ -395,7 +398,11 @@ class OnlineTuner(_Session):
         self._prepare_strategy(self.executor, self._num_steps)
         self.phase = "explore"
         c = self._next_proposal()
-        if c is not None and not self._pays_back(c):
+        if c is not None and self._pays_back(c):
+            best, pred = self.best(), self.strategy.predicted(c)
+            if best is not None and best.estimate and pred:
+                self._promised[c] = (1.0 - best.estimate / pred, best.estimate)
+        elif c is not None:
             return None  # the best-predicted remaining config cannot pay its trial back: lock in
         return (c, "online") if c is not None else None
 
@@ -425,9 +432,10 @@ class OnlineTuner(_Session):
         (the caller did not say how many collects remain, or nothing is measured yet).
 
         Benefit: the collects left after the trial, each faster by the fraction the model's
-        prediction promises over the best measured config, counted at half (the prediction
-        may be wrong; its optimistic bound, which the search itself uses, would make a short
-        run pay for trials a long one can afford). Cost: reconfiguring there and back, and
+        prediction promises over the best measured config, times :meth:`discount` (the share
+        of their promise this run's trials delivered; one half before any; the model's
+        optimistic bound, which the search itself uses, would make a short run pay for trials
+        a long one can afford). Cost: reconfiguring there and back, and
         the trial's warm-up and first sample at up to half speed (a slower trial stops after
         its first sample), or what this run's search trials cost on average so far, if more
         (their reconfigures and every collect's time beyond the best config's rate). A gain
@@ -443,11 +451,27 @@ class OnlineTuner(_Session):
         gain = max(0.0, 1.0 - best.estimate / pred)
         if gain < self.min_gain:
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
-        benefit = 0.5 * gain * collect_s * max(0, left - trial_collects)
+        benefit = self.discount() * gain * collect_s * max(0, left - trial_collects)
         cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
         if self._search_trials:  # what this run's trials really cost (slow collects included)
             cost = max(cost, self.search_cost / self._search_trials)
         return benefit, cost
+
+    def discount(self) -> float:
+        """How much of a predicted gain a trial is expected to deliver: the mean of this run's
+        realized fractions (measured gain / predicted gain, clipped to [0, 1]), with a prior of
+        one half worth one trial. A model that keeps promising more than the measurements
+        give (a cheap env, where every layout is within noise of serial) stops the search."""
+        return (0.5 + sum(self.realized)) / (1 + len(self.realized))
+
+    def _track_record(self, trial: Trial) -> None:
+        """After a search trial: what fraction of its predicted gain it delivered."""
+        promised = self._promised.pop(trial.config, None)
+        if promised is None or promised[0] <= 0:
+            return
+        gain, best_then = promised
+        got = 1.0 - best_then / trial.estimate if trial.ok and trial.estimate > 0 else -1.0
+        self.realized.append(min(1.0, max(0.0, got / gain)))
 
     def _net_payback(self, config: Config, pred: float) -> float:
         """How the online search ranks the configs it may try: benefit minus cost (see
@@ -566,7 +590,7 @@ class OnlineTuner(_Session):
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
             online={"first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
                     "profile_source": self.profile_source, "reconfigures": list(self.reconfigures),
-                    "declined": list(self.declined)})
+                    "declined": list(self.declined), "realized": list(self.realized)})
 
     def status(self) -> dict[str, Any]:
         s = super().status()
