@@ -513,3 +513,19 @@ def test_a_model_that_overpromises_stops_being_believed():
     assert learned.realized and all(r == 0.0 for r in learned.realized)
     assert learned.discount() < 0.5 and learned.declined
     assert learned.result().online["realized"] == learned.realized
+
+
+def test_with_a_known_horizon_the_search_never_pauses_and_an_unfinished_one_is_cached(tmp_path):
+    ex = ProfiledFake()
+    online = model_online(ex, cache=tmp_path, search_share=0.001)  # a share any trial exceeds
+    phases = []
+    for left in range(500, 494, -1):
+        online.collect(64, remaining_collects=left)
+        phases.append(online.phase)
+    assert "paused" not in phases  # each trial paid for itself instead
+    assert online.phase == "explore" and not list(tmp_path.iterdir())  # mid-search: nothing cached yet
+    online.collect(64, remaining_collects=0)  # a callback stopped learn() early: the last collect
+    again = model_online(ProfiledFake(), cache=tmp_path)
+    again.collect(64)
+    trial = again.current or again.history[0]
+    assert again.cached is not None and trial.source == "cache"  # the next run starts from the best so far

@@ -205,6 +205,8 @@ class OnlineTuner(_Session):
         elif self.phase == "paused" and not self._over_share():
             self._set_phase(self._paused_from or "explore")
             self._advance()
+        if remaining_collects == 0 and not self._saved and self.best() is not None:
+            self._save()  # training ends before a lock-in: the next run starts from the best so far
         return rollout
 
     # -- reconfigures
@@ -286,7 +288,10 @@ class OnlineTuner(_Session):
 
     # -- the search, trial by trial
     def _over_share(self) -> bool:
-        if self.search_share is None or self.t0 is None:
+        """Whether the search has cost more than ``search_share`` of the time so far. Not
+        applied when the caller says how many collects remain: each trial must then pay for
+        itself (:meth:`_pays_back`), which a pause would only postpone past the run's end."""
+        if self.search_share is None or self.t0 is None or self.remaining_collects is not None:
             return False
         return self.search_cost > self.search_share * (self.clock() - self.t0)
 
