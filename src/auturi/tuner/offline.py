@@ -84,6 +84,18 @@ class Tuner(_Session):
         seed: seeds the strategy.
         strategy_kwargs: passed to the strategy's constructor when ``strategy`` is a name.
         workload: extra fields for the workload fingerprint (e.g. ``{"name": "cartpole"}``).
+
+    Example (tune an executor in place; it is left running the choice):
+
+    >>> import auturi, gymnasium as gym
+    >>> from auturi.envs import CountingEnv
+    >>> policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    >>> with auturi.make_executor(CountingEnv, policy, num_envs=4, backend="serial") as ex:
+    ...     result = auturi.Tuner("grid", budget_trials=3, max_trial_seconds=0.5, cache=False).tune(ex, num_steps=8)
+    ...     print(ex.config == result.choice)   # the executor is left running the choice
+    True
+    >>> [t.source for t in result.trials]        # the start (serial here), then the grid's first two
+    ['start', 'search', 'search']
     """
 
     mode = "offline"
