@@ -230,7 +230,7 @@ def run(task: str, seed: int, kind: str, steps: int, last: int, restart_before: 
     with tempfile.TemporaryDirectory(prefix="auturi-parity-cache-") as cache:
         wrapped = kind.startswith("auturi")
         if kind == "auturi":
-            model = auturi.wrap(model, budget={"cache": cache})
+            model = auturi.wrap(model, tuner_options={"cache": cache})
         elif kind == "auturi_fixed":
             model = auturi.wrap(model, config=auturi.Config.serial(model.n_envs))
         try:

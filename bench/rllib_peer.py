@@ -187,7 +187,7 @@ def learn(algo: str, wrapped: bool, env_steps: int, seed: int = 0) -> list[tuple
 
     cfg = learning_config(algo, seed)
     if wrapped:
-        auturi.wrap(cfg, budget={"cache": False})
+        auturi.wrap(cfg, tuner_options={"cache": False})
     algo_obj = cfg.build_algo()
     curve: list[tuple[int, float]] = []
     try:

@@ -31,8 +31,8 @@ def main() -> None:
     # The one line. The budget keeps the demo short: measure three layouts (RLlib's, the
     # serial one, the tuner's best guess), 3 iterations each after a warm-up, then lock in.
     # Plain auturi.wrap(config) searches more.
-    budget = {"budget_trials": 3, "min_samples": 3, "max_samples": 3, "max_research_trials": 1}
-    algo = auturi.wrap(config, budget=budget).build_algo()
+    options = {"min_samples": 3, "max_samples": 3, "max_research_trials": 1}
+    algo = auturi.wrap(config, budget_trials=3, tuner_options=options).build_algo()
     try:
         for i in range(15):
             result = algo.train()

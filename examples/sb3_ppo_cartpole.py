@@ -27,7 +27,7 @@ def main() -> None:
     # The one line (auturi.wrap(model, ...)). The budget keeps this demo short: measure two
     # layouts (the serial one and the tuner's best guess), and if throughput later drops,
     # re-measure the chosen one only. Plain auturi.wrap(model) searches more.
-    model = wrap_sb3(model, tune=True, budget={"budget_trials": 2, "max_research_trials": 1})
+    model = wrap_sb3(model, tune=True, budget_trials=2, tuner_options={"max_research_trials": 1})
     try:
         model.learn(10_000)
         tuner = model.auturi.tuner

@@ -56,3 +56,18 @@ def test_sb3_wrap_surfaces_a_stuck_env_as_worker_error(tmp_path):
         assert "helpers.py" in info.value.stack and " in step" in info.value.stack  # BlockingEnv.step
     finally:
         model.auturi.close()
+
+
+def test_typed_budget_arguments_and_the_deprecated_dict():
+    from auturi.adapters.common import resolve_budget
+
+    assert resolve_budget() == {}
+    assert resolve_budget(budget_trials=3, budget_seconds=20) == {"budget_trials": 3, "budget_seconds": 20.0}
+    assert resolve_budget(tuner_options={"cache": False}, budget_trials=2) == {"cache": False, "budget_trials": 2}
+    with pytest.warns(DeprecationWarning, match="budget_trials="):
+        assert resolve_budget(4) == {"budget_trials": 4}
+    for bad in ({"budget_trials": 0}, {"budget_trials": 2.5}, {"budget_seconds": -1}, {"budget_seconds": "soon"}):
+        with pytest.raises(ValueError, match="must be a positive"):
+            resolve_budget(**bad)
+    with pytest.raises(TypeError, match="tuner_options"):
+        resolve_budget(tuner_options=[("cache", False)])

@@ -56,7 +56,7 @@ def test_import_auturi_stays_free_of_ray_and_torch():
 
 
 def test_wrapped_ppo_trains_and_reports_the_tuned_layout():
-    cfg = auturi.wrap(ppo_config(), budget={"budget_trials": 2, "min_samples": 2, "max_samples": 2, "cache": False},
+    cfg = auturi.wrap(ppo_config(), budget_trials=2, tuner_options={"min_samples": 2, "max_samples": 2, "cache": False},
                       strategy="grid")
     assert cfg.num_env_runners == 0 and cfg.env_runner_cls.__name__ == "AuturiEnvRunner"
     algo = cfg.build_algo()

@@ -85,8 +85,8 @@ def learn(kind: str) -> tuple[Record, dict[str, torch.Tensor], object]:
             # min_samples 2 (the fewest the protocol takes), no time share, no cache, no
             # re-search: the grid's layouts in turn, each for one or two collects.
             space = SearchSpace(totals=(N_ENVS,), cores=2, devices=("cpu",), configs=LAYOUTS)
-            auturi.wrap(model, strategy="grid", budget={
-                "space": space, "budget_trials": len(LAYOUTS), "min_samples": 2, "max_samples": 2,
+            auturi.wrap(model, strategy="grid", budget_trials=len(LAYOUTS), tuner_options={
+                "space": space, "min_samples": 2, "max_samples": 2,
                 "warmup_collects": 0, "cache": False, "search_share": None, "drop_patience": 10_000})
         try:
             model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=rec)

@@ -453,8 +453,9 @@ def test_online_tuner_logs_choice(one_thread, tmp_path, monkeypatch):
     cap = Capture()
     model.set_logger(Logger(folder=None, output_formats=[cap]))
     # drop_patience: no re-search on this noisy shared box; this test is about the wiring.
-    wrap_sb3(model, strategy="grid", budget={"space": space, "budget_trials": 2, "min_samples": 2, "max_samples": 2,
-                                             "cache": False, "drop_patience": 10_000, "min_sample_seconds": 0},
+    wrap_sb3(model, strategy="grid", budget_trials=2,
+             tuner_options={"space": space, "min_samples": 2, "max_samples": 2, "cache": False, "drop_patience": 10_000,
+                            "min_sample_seconds": 0},
              status_port=0 if HAVE_SERVER else None)
     try:
         model.learn(16 * 2 * 10)

@@ -39,6 +39,40 @@ def tuner_kwargs(budget: Any) -> dict[str, Any]:
                     f"arguments, got {budget!r}")
 
 
+def resolve_budget(budget: Any = None, *, budget_trials: int | None = None, budget_seconds: float | None = None,
+                   tuner_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The online tuner's keyword arguments from ``wrap``'s typed budget: ``budget_trials``
+    (configs to measure), ``budget_seconds`` (wall seconds of the search, training included)
+    and ``tuner_options`` (any other :class:`~auturi.tuner.OnlineTuner` argument). The old
+    ``budget=`` (int, float or dict) still works, with a ``DeprecationWarning``.
+
+    >>> resolve_budget(budget_trials=4, tuner_options={"search_share": 0.1})
+    {'search_share': 0.1, 'budget_trials': 4}
+    >>> resolve_budget(budget_seconds=30)
+    {'budget_seconds': 30.0}
+    """
+    import warnings
+
+    out: dict[str, Any] = {}
+    if budget is not None:
+        warnings.warn("wrap(..., budget=) is deprecated: pass budget_trials= (configs to measure), budget_seconds= "
+                      "(seconds) or tuner_options={...} (OnlineTuner arguments)", DeprecationWarning, stacklevel=3)
+        out = tuner_kwargs(budget)
+    if tuner_options is not None:
+        if not isinstance(tuner_options, Mapping):
+            raise TypeError(f"tuner_options must be a dict of OnlineTuner arguments, got {tuner_options!r}")
+        out.update(tuner_options)
+    if budget_trials is not None:
+        if isinstance(budget_trials, bool) or not isinstance(budget_trials, int) or budget_trials < 1:
+            raise ValueError(f"budget_trials must be a positive int (configs to measure), got {budget_trials!r}")
+        out["budget_trials"] = budget_trials
+    if budget_seconds is not None:
+        if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) or not budget_seconds > 0:
+            raise ValueError(f"budget_seconds must be a positive number of seconds, got {budget_seconds!r}")
+        out["budget_seconds"] = float(budget_seconds)
+    return out
+
+
 def check_face_options(backend: Any, worker_timeout: Any, address: Any = None) -> None:
     """Refuse, with the fix, a backend the faces do not run on, an ``address`` without the
     ``ray`` backend, a missing Ray, or a timeout the executor would refuse (checked at wrap

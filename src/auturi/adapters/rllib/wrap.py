@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from auturi.adapters.common import check_face_options
+from auturi.adapters.common import check_face_options, resolve_budget
 from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
 from auturi.adapters.rllib.runner import runner_class
 from auturi.config import Config
@@ -86,7 +86,8 @@ def check_supported(cfg: Any) -> None:
 
 
 def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
-               budget: Any = None, backend: str | None = None, address: str | None = None,
+               budget: Any = None, budget_trials: int | None = None, budget_seconds: float | None = None,
+               tuner_options: dict[str, Any] | None = None, backend: str | None = None, address: str | None = None,
                seed: int | None = None, worker_timeout: float | None = None,
                status_port: int | None = None) -> Any:
     """Make the algorithm built from ``algo_config`` sample through an Auturi executor.
@@ -103,7 +104,8 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
         tune: without ``config``, tune the layout online with :class:`auturi.tuner.OnlineTuner`
             (each training iteration's collect is one measurement), starting from RLlib's own
             layout (one actor per EnvRunner). ``False``: run that layout.
-        strategy, budget: the tuner's strategy and budget (as for :func:`auturi.wrap` on SB3).
+        strategy, budget_trials, budget_seconds, tuner_options: the tuner's strategy and budget
+            (as for :func:`auturi.wrap` on SB3); ``budget``: deprecated, as there.
         backend: ``"shm"`` (processes and shared memory on this machine), ``"serial"`` or
             ``"ray"`` (one Ray actor per Auturi actor, spread over the Ray cluster, each asking
             for the config's per-runner resources: ``num_cpus_per_env_runner`` and
@@ -145,7 +147,9 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
     start = Config.serial(total) if runners <= 1 else Config(num_actors=runners, envs_per_actor=per,
                                                              policy_batch_size=per)
     setattr(algo_config, OPTIONS_ATTR, {
-        "config": config, "tune": bool(tune), "strategy": strategy, "budget": budget, "backend": backend,
+        "config": config, "tune": bool(tune), "strategy": strategy, "backend": backend,
+        "budget": resolve_budget(budget, budget_trials=budget_trials, budget_seconds=budget_seconds,
+                                 tuner_options=tuner_options),
         "worker_timeout": worker_timeout, "address": address, "status_port": status_port,
         "actor_resources": runner_resources(algo_config),
         "seed": None if seed is None else int(seed), "start": start,

@@ -12,7 +12,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.adapters.common import build_collector, check_face_options, ray_kwargs, resolve_seed
+from auturi.adapters.common import build_collector, check_face_options, ray_kwargs, resolve_budget, resolve_seed
 from auturi.adapters.sb3.envs import (
     ENV_FN_HINT,
     EnvFactory,
@@ -35,7 +35,8 @@ def _excluded_save_params(self: Any) -> list[str]:
 
 
 def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
-             budget: Any = None, backend: str = "shm", status_port: int | None = None,
+             budget: Any = None, budget_trials: int | None = None, budget_seconds: float | None = None,
+             tuner_options: dict[str, Any] | None = None, backend: str = "shm", status_port: int | None = None,
              env_fn: Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]] | None = None,
              seed: int | None = None, deterministic: bool = False, worker_timeout: float | None = None,
              address: str | None = None, actor_resources: dict[str, float] | None = None) -> Any:
@@ -57,8 +58,10 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
             :class:`auturi.tuner.OnlineTuner` (each rollout is one measurement; nothing is
             wasted). ``False``: run ``Config.serial(n_envs)``.
         strategy: the tuner's search strategy (``"model"``, ``"grid"``, ``"optuna"``).
-        budget: the tuner's budget: an int (configs to measure), a float (seconds) or a dict
-            of :class:`~auturi.tuner.OnlineTuner` keyword arguments.
+        budget_trials, budget_seconds: the tuner's budget: configs to measure, and wall
+            seconds of the search (training included); default: the tuner's own.
+        tuner_options: other :class:`~auturi.tuner.OnlineTuner` keyword arguments.
+        budget: deprecated (an int, a float or a dict: the three above in one).
         backend: ``"shm"`` (processes and shared memory), ``"serial"`` or ``"ray"`` (one Ray
             actor per actor, spread over a Ray cluster's nodes; the envs must pickle, as for
             ``shm``).
@@ -84,6 +87,8 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         NotImplementedError: HER, gSDE, unsupported VecEnv wrappers or action distributions.
         EnvRebuildError: the envs cannot be rebuilt in another process and no ``env_fn``.
     """
+    budget = resolve_budget(budget, budget_trials=budget_trials, budget_seconds=budget_seconds,
+                            tuner_options=tuner_options)
     off_policy = _check_model(model)
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
