@@ -86,6 +86,9 @@ class OnlineTuner(_Session):
         lock_margin: the lock-in stays on the start layout (what plain training runs) unless
             another config measured at least this fraction faster: the fastest of several
             configs measured within noise of each other is fast partly by luck.
+        monitor_seconds: once locked in, the drop monitor's samples span consecutive collects
+            until they add up to this long: a cheap env's 30 ms collects dip by 15% often
+            enough, by noise alone, to start re-searches that cost more than any drop they find.
         min_sample_seconds: a sample spans consecutive collects until they add up to this
             long (an off-policy collect of one step per env takes a millisecond: a sample of
             one would measure the timer's and the scheduler's noise, not the layout).
@@ -115,7 +118,7 @@ class OnlineTuner(_Session):
                  workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
                  profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05,
-                 min_gain: float = 0.05, lock_margin: float = 0.03):
+                 min_gain: float = 0.05, lock_margin: float = 0.03, monitor_seconds: float = 0.5):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -144,6 +147,9 @@ class OnlineTuner(_Session):
         if not 0 <= min_gain < 1 or not 0 <= lock_margin < 1:
             raise ValueError(f"min_gain and lock_margin must be in [0, 1), got {min_gain}, {lock_margin}")
         self.min_gain, self.lock_margin = min_gain, lock_margin
+        if monitor_seconds < 0:
+            raise ValueError(f"monitor_seconds must be >= 0, got {monitor_seconds}")
+        self.monitor_seconds = monitor_seconds
         self._search_trials = 0  # finished trials of configs other than start, serial and cached
         self._promised: dict[Config, tuple[float, float]] = {}  # proposed config -> (predicted gain, best then)
         self.realized: list[float] = []  # per search trial: measured gain / predicted gain, in [0, 1]
@@ -201,7 +207,7 @@ class OnlineTuner(_Session):
                 self.search_cost += max(0.0, seconds - steps / best.estimate)
             self._gather(sps, steps)
         elif self.phase == "locked":
-            self._monitor(sps)
+            self._watch(sps, steps)
         elif self.phase == "paused" and not self._over_share():
             self._set_phase(self._paused_from or "explore")
             self._advance()
@@ -396,8 +402,11 @@ class OnlineTuner(_Session):
             self._advance()
 
     def _next(self) -> tuple[Config, str] | None:
-        if self._queue:
-            return self._queue.pop(0)
+        while self._queue:
+            c, source = self._queue.pop(0)
+            # A re-search's neighbours must pay back too (the locked config's re-measure is free).
+            if source != "research" or c == self.executor.config or self._pays_back(c):
+                return c, source
         if self.phase == "research" or self.budget_spent():
             return None
         self._prepare_strategy(self.executor, self._num_steps)
@@ -514,6 +523,7 @@ class OnlineTuner(_Session):
         self.locked, self.reference, self.choice = best, best.estimate, best
         self.locked_at_collect = self.collects if self.locked_at_collect is None else self.locked_at_collect
         self._drops = 0
+        self._pending = (0.0, 0)
         self._research_trials = []
         self._set_phase("locked")
         self._emit("locked", best, best.estimate, f"locked in {best.config} at {_fmt(best.estimate)} steps/s")
@@ -530,10 +540,23 @@ class OnlineTuner(_Session):
             return max(start, key=lambda t: t.estimate)
         return best
 
-    def _monitor(self, sps: float) -> None:
+    def _watch(self, sps: float, steps: int) -> None:
+        """Feed the drop monitor samples of at least ``monitor_seconds`` of collects."""
         if self._fresh:  # right after the lock-in reconfigure: a warm-up, not a drop
             self._fresh = False
+            self._pending = (0.0, 0)
             return
+        if not (sps > 0 and math.isfinite(sps)):
+            return
+        secs, n = self._pending
+        secs, n = secs + steps / sps, n + steps
+        if secs < self.monitor_seconds:
+            self._pending = (secs, n)
+            return
+        self._pending = (0.0, 0)
+        self._monitor(n / secs)
+
+    def _monitor(self, sps: float) -> None:
         assert self.reference is not None and self.locked is not None
         self._drops = self._drops + 1 if sps < (1 - self.drop_fraction) * self.reference else 0
         if self._drops < self.drop_patience:
