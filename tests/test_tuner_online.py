@@ -551,3 +551,24 @@ def test_short_noisy_collects_do_not_start_re_searches():
             online.collect(16)
         results[seconds] = online.researches
     assert results[0.0] > 0 and results[0.5] == 0
+
+
+def test_after_a_confirmed_cached_choice_a_re_search_with_a_known_horizon_only_re_measures(tmp_path):
+    """A confirmed cached choice has no model to predict its neighbours: with the run's length
+    known, a drop re-measures the locked config and tries no unpredicted neighbour."""
+    first = ProfiledFake()
+    online = model_online(first, cache=tmp_path)
+    run_until(online, first, 300.0)
+    choice = online.locked_config
+    ex = ProfiledFake()
+    again = model_online(ex, cache=tmp_path, monitor_seconds=0)
+    left = 500
+    while again.phase != "locked":
+        again.collect(64, remaining_collects=left)
+        left -= 1
+    ex.slowdown[choice] = 0.5  # a sustained drop
+    for _ in range(12):
+        again.collect(64, remaining_collects=left)
+        left -= 1
+    assert again.researches >= 1
+    assert {t.config for t in again.history} == {choice}  # re-measured, nothing else tried

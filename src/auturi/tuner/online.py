@@ -404,8 +404,14 @@ class OnlineTuner(_Session):
     def _next(self) -> tuple[Config, str] | None:
         while self._queue:
             c, source = self._queue.pop(0)
-            # A re-search's neighbours must pay back too (the locked config's re-measure is free).
-            if source != "research" or c == self.executor.config or self._pays_back(c):
+            # A re-search's neighbours must pay back too (the locked config's re-measure is free);
+            # with a known horizon, a neighbour nothing predicts (a confirmed cached choice: no
+            # model was prepared) is not tried.
+            if source != "research" or c == self.executor.config:
+                return c, source
+            if self.remaining_collects is not None and (not self._prepared or self.strategy.predicted(c) is None):
+                continue
+            if self._pays_back(c):
                 return c, source
         if self.phase == "research" or self.budget_spent():
             return None
