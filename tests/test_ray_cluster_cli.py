@@ -73,8 +73,25 @@ def _wait_for_nodes(address: str, count: int) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=START_SECONDS + 30)
 
 
+def _wait_for_other_ray_daemons_to_end(timeout: float = 30.0) -> None:
+    """Earlier tests' Ray instances (``ray.init``, ``cluster_utils.Cluster``) shut down
+    asynchronously; a ``ray start`` cluster whose daemons start while theirs still exit lost an
+    actor in the full suite (ActorDiedError). Wait, bounded, until no raylet or GCS is left."""
+    def daemons() -> list:
+        found = []
+        for p in psutil.process_iter(["name", "cmdline"]):
+            text = " ".join(p.info.get("cmdline") or []) + " " + (p.info.get("name") or "")
+            if "raylet" in text or "gcs_server" in text:
+                found.append(p)
+        return found
+
+    _, alive = psutil.wait_procs(daemons(), timeout=timeout)
+    assert not alive, f"Ray daemons of an earlier test still run after {timeout:.0f} s: {[p.pid for p in alive]}"
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    _wait_for_other_ray_daemons_to_end()
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # every daemon on loopback: the machine's other addresses may not route to itself
