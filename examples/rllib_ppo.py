@@ -18,7 +18,7 @@ import auturi
 
 
 def main() -> None:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # a new local instance
     config = (
         PPOConfig()
         .environment("CartPole-v1")

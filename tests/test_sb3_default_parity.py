@@ -86,7 +86,7 @@ def learn(kind: str) -> tuple[Record, dict[str, torch.Tensor], object]:
             # re-search: the grid's layouts in turn, each for one or two collects.
             space = SearchSpace(totals=(N_ENVS,), cores=2, devices=("cpu",), configs=LAYOUTS)
             auturi.wrap(model, strategy="grid", budget_trials=len(LAYOUTS), tuner_options={
-                "space": space, "min_samples": 2, "max_samples": 2,
+                "space": space, "min_samples": 2, "max_samples": 2, "min_sample_seconds": 0, "lock_margin": 0,
                 "warmup_collects": 0, "cache": False, "search_share": None, "drop_patience": 10_000})
         try:
             model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=rec)
