@@ -2,7 +2,9 @@
 the learner gets back and one sample for the trial of the config it ran under.
 
 Over 400 lines on purpose: one state machine (confirm, explore, paused, locked, research)
-whose phases hand over to each other; split, each half would need the other's state.
+whose phases hand over to each other; split, each half would need the other's state. The
+payback rule (``_payback``, ``discount``, ``_reconfigure_estimate``) reads only the trials and
+the reconfigure log: it is the part to move to its own module when it grows again.
 
 What one training run pays for the search, and how it is kept small:
 

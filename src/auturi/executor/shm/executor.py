@@ -1,6 +1,10 @@
 """The ``shm`` executor: the layout plan's processes on this machine, all bulk data in shared
 memory, all waits blocking on semaphores (see the package docstring for the layout).
 
+Over 500 lines: building a plan's processes and applying a plan diff on reconfigure share the
+worker table, the control block and the semaphores; the env moves (``_take_envs``, the pickle
+helpers at the bottom) are the part to split out next.
+
 A reconfigure applies the difference of the old and new plans (``LayoutPlan.diff``): env
 workers and policy replicas whose role is unchanged (same envs, or same replica, device and
 threads, for the same actor) stay alive with their envs mid-episode; processes of the new plan
