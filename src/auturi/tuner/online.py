@@ -369,13 +369,20 @@ class OnlineTuner(_Session):
         if rec.warmup_left > 0 or not (sps > 0 and math.isfinite(sps)):
             self._feed(sps)
             return
+        sample = self._accumulate(sps, steps, self.min_sample_seconds)
+        if sample is not None:
+            self._feed(sample)
+
+    def _accumulate(self, sps: float, steps: int, span: float) -> float | None:
+        """Add one collect (``steps`` at ``sps``) to the pending sample; once its collects
+        add up to ``span`` seconds, return their steps/s and start a new one, else None."""
         secs, n = self._pending
         secs, n = secs + steps / sps, n + steps
-        if secs < self.min_sample_seconds:
+        if secs < span:
             self._pending = (secs, n)
-            return
+            return None
         self._pending = (0.0, 0)
-        self._feed(n / secs)
+        return n / secs
 
     def _feed(self, sps: float) -> None:
         rec = self._rec
@@ -556,13 +563,9 @@ class OnlineTuner(_Session):
             return
         if not (sps > 0 and math.isfinite(sps)):
             return
-        secs, n = self._pending
-        secs, n = secs + steps / sps, n + steps
-        if secs < self.monitor_seconds:
-            self._pending = (secs, n)
-            return
-        self._pending = (0.0, 0)
-        self._monitor(n / secs)
+        sample = self._accumulate(sps, steps, self.monitor_seconds)
+        if sample is not None:
+            self._monitor(sample)
 
     def _monitor(self, sps: float) -> None:
         assert self.reference is not None and self.locked is not None
