@@ -429,12 +429,50 @@ def test_the_reconfigure_estimate_learns_from_this_runs_reconfigures():
     assert est > 5 * PROCESS_START_PRIOR  # the fake's 2 s per reconfigure, not the prior
 
 
-def test_the_tuner_warms_the_executors_worker_start_when_created():
-    ex = ProfiledFake()
-    calls = []
-    ex.warm_start = lambda: calls.append(1)
-    model_online(ex)
-    assert calls == [1]
+class WarmingFake(ProfiledFake):
+    """Its worker servers start at ``warm_start`` and serve ``warm_collects`` collects later."""
+
+    def __init__(self, warm_collects: int = 5, **kw):
+        super().__init__(**kw)
+        self.warm_calls, self.warm_left, self.warm_collects = 0, None, warm_collects
+        self.configs_while_warming: list[Config] = []
+
+    def warm_start(self):
+        self.warm_calls += 1
+        self.warm_left = self.warm_collects
+
+    @property
+    def warming(self) -> bool:
+        return bool(self.warm_left)
+
+    def collect(self, num_steps):
+        if self.warm_left:
+            self.configs_while_warming.append(self.config)
+            self.warm_left -= 1
+        return super().collect(num_steps)
+
+
+def test_worker_servers_start_only_before_the_first_trial_that_starts_processes_and_it_waits_for_them():
+    ex = WarmingFake(warm_collects=5)
+    online = model_online(ex)
+    assert ex.warm_calls == 0  # creating the tuner starts nothing: serial may stay the best
+    start = ex.config
+    run_until(online, ex, 300.0)
+    assert ex.warm_calls == 1
+    # Collected (the learner got them), not measured; the collect during which the servers
+    # came up is not measured either: after it the waiting trial starts.
+    assert online.warming_collects == 4
+    assert ex.configs_while_warming == [start] * 5  # the trial waited on the start layout
+    assert [t.config for t in online.history][:1] == [start]
+    assert len(online.history) >= 2 and online.phase == "locked"
+
+
+def test_no_worker_server_starts_where_no_other_layout_pays_back():
+    ex = WarmingFake()
+    online = model_online(ex)
+    for left in range(5, -1, -1):  # too short a run for any move to pay back
+        online.collect(64, remaining_collects=left)
+    assert ex.warm_calls == 0 and online.warming_collects == 0
 
 
 def test_short_collects_are_gathered_into_samples_of_at_least_min_sample_seconds():

@@ -14,6 +14,10 @@ What one training run pays for the search, and how it is kept small:
   training runs anyway) are the model's profile (:mod:`auturi.tuner.rollout_profile`), and
   the next trial is the predicted best; after it only configs the prediction cannot
   separate from the best measured one are tried (:meth:`ModelStrategy.propose_close`);
+- the worker forkservers (seconds of a core importing torch and gymnasium) start only when
+  the first trial that needs worker processes is due, and that trial waits until they serve;
+  collects made while they import (``executor.warming``) are the learner's but not measured
+  (timed then, the start layout read up to 40% slow and every other layout looked a gain);
 - a trial whose first measured sample is clearly slower than the best stops there;
 - the search's cost (reconfigures, and each search collect's time beyond what the best
   config so far would have taken) is held under ``search_share`` of the wall time by
@@ -135,9 +139,6 @@ class OnlineTuner(_Session):
                          space=space, devices=devices, cores=cores, cache=cache, callback=callback, seed=seed,
                          strategy_kwargs=strategy_kwargs, workload=workload, clock=clock)
         self.executor = executor
-        warm = getattr(executor, "warm_start", None)
-        if callable(warm):  # worker start-up imports run now, in the background, not in a reconfigure
-            warm()
         self.drop_fraction, self.drop_patience = drop_fraction, drop_patience
         self.max_research_trials = max_research_trials
         self.search_share, self.slower_margin = search_share, slower_margin
@@ -152,6 +153,9 @@ class OnlineTuner(_Session):
         if monitor_seconds < 0:
             raise ValueError(f"monitor_seconds must be >= 0, got {monitor_seconds}")
         self.monitor_seconds = monitor_seconds
+        self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
+        self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
+        self.warming_collects = 0  # collects not measured: the executor was still warming up (warm_start)
         self._search_trials = 0  # finished trials of configs other than start, serial and cached
         self._promised: dict[Config, tuple[float, float]] = {}  # proposed config -> (predicted gain, best then)
         self.realized: list[float] = []  # per search trial: measured gain / predicted gain, in [0, 1]
@@ -200,7 +204,15 @@ class OnlineTuner(_Session):
         sps = throughput_of(rollout, seconds, steps)
         self.collects += 1
         self._log.append((config, seconds, steps))
-        if self.phase in ("explore", "research", "confirm"):
+        if getattr(self.executor, "warming", False):
+            # The worker forkservers are still importing on these cores: this collect's data
+            # is the learner's as always, its time is not the layout's (it read 40% slow).
+            self.warming_collects += 1
+        elif self._deferred is not None:  # the servers serve now: the trial that waited starts
+            deferred, self._deferred = self._deferred, None
+            if not self._start_trial(*deferred):
+                self._advance()
+        elif self.phase in ("explore", "research", "confirm"):
             rec = self._rec
             if rec is not None and rec.warmup_left == 0 and profiles_in_process(config):
                 self._profile_stats.append(getattr(rollout, "stats", None))
@@ -335,6 +347,8 @@ class OnlineTuner(_Session):
         t0 = self.clock()
         trial = Trial(config=config, source=source, started=t0 - (self.t0 or t0))
         warm = None
+        if config != self.executor.config and self._warm_first(config, source):
+            return True
         if config != self.executor.config:
             try:
                 trial.reconfigure_seconds, trial.reconfigure = self._reconfigure(config)
@@ -352,6 +366,34 @@ class OnlineTuner(_Session):
                                   reference=self._reference(source))
         self._emit("trial_start", trial, message=str(config))
         return True
+
+    def _warm_first(self, config: Config, source: str) -> bool:
+        """Before the first reconfigure that starts worker processes: start the executor's
+        worker forkservers (``warm_start``: seconds of a core importing torch and gymnasium)
+        and defer the trial of ``config`` until they serve (True), the training collecting on
+        the current layout meanwhile. Started any earlier, those imports slowed every run,
+        also those where no other layout pays back (cheap envs: 3-5% of a short run); started
+        inside the reconfigure, they stalled the training for their whole length."""
+        warm = getattr(self.executor, "warm_start", None)
+        if self._warmed or not callable(warm) or self._started_processes(config) == 0:
+            return False
+        self._warmed = True
+        warm()
+        if not getattr(self.executor, "warming", False):
+            return False
+        self._deferred = (config, source)
+        self.current, self._rec = None, None
+        self._emit("phase", None, None, f"starting the worker servers before trying {config}")
+        return True
+
+    def _started_processes(self, config: Config) -> int:
+        """How many processes a reconfigure from the current layout to ``config`` starts."""
+        try:
+            from auturi.executor.layout import plan_layout
+
+            return len(plan_layout(self.executor.config).diff(plan_layout(config)).started)
+        except Exception:  # a test double's config the planner refuses: assume one process
+            return 1
 
     def _clearly_slower(self, trial: Trial) -> bool:
         """A search trial whose every measured sample so far is more than ``slower_margin``
@@ -441,12 +483,7 @@ class OnlineTuner(_Session):
         what a started process cost in this run's reconfigures so far (a prior of
         ``PROCESS_START_PRIOR`` s before any), plus ``RECONFIGURE_BASE`` s; for an executor that
         does not report what it started, the median of this run's reconfigures."""
-        try:
-            from auturi.executor.layout import plan_layout
-
-            started = len(plan_layout(self.executor.config).diff(plan_layout(config)).started)
-        except Exception:  # a test double's config the planner refuses: assume one process
-            started = 1
+        started = self._started_processes(config)
         per = [r["seconds"] / r["executor"]["started"] for r in self.reconfigures
                if r.get("executor", {}).get("started")]
         if per:
@@ -628,6 +665,7 @@ class OnlineTuner(_Session):
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
             online={"first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
+                    "warming_collects": self.warming_collects,
                     "profile_source": self.profile_source, "reconfigures": list(self.reconfigures),
                     "declined": list(self.declined), "realized": list(self.realized)})
 
@@ -637,6 +675,7 @@ class OnlineTuner(_Session):
                   "reference_throughput": self.reference, "researches": self.researches,
                   "consecutive_drops": self._drops, "search_cost_seconds": self.search_cost,
                   "search_share": self.search_share, "profile_source": self.profile_source,
+                  "warming_collects": self.warming_collects,
                   "first_run": self.first_run_cost(),
                   "last_reconfigure": self.reconfigures[-1] if self.reconfigures else None})
         return s

@@ -27,6 +27,7 @@ import atexit
 import multiprocessing.connection
 import os
 import sys
+import threading
 import time
 import weakref
 from typing import Any
@@ -90,6 +91,7 @@ class ShmExecutor(Executor):
         self._payloads: tuple[bytes, bytes] = (b"", b"")
         self._torch_process: type | None = None
         self._preload: tuple[str, ...] = ()
+        self._warm: threading.Event | None = None  # set once warm_start's servers serve
         policy = args[1] if len(args) > 1 else kwargs.get("policy")
         if (self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules
                 and getattr(policy, "needs_torch", True)):
@@ -97,21 +99,51 @@ class ShmExecutor(Executor):
 
             self._torch_process = TorchProcess
             self._preload = preload_key(policy)
-            start_torch_server(self._preload)  # it imports torch in the background while we probe and build
+            # Started early only where the first layout forks policy processes: an in-process
+            # start (the online tuner's) would pay seconds of a core for a server it may never use.
+            if _first_layout_forks_policy(args, kwargs):
+                start_torch_server(self._preload)  # it imports torch in the background while we build
         processes.sigterm_exits()
         super().__init__(*args, **kwargs)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None) and ref().close())  # type: ignore[union-attr]
 
     def warm_start(self) -> None:
-        """Start the env workers' forkserver now (the policy one starts with the executor), so
-        its imports (gymnasium, numpy: about a second of a core) run in the background before a
-        reconfigure needs a worker, not inside it: the online tuner calls this when it is
-        created. A no-op under ``spawn``."""
+        """Start the worker forkservers now (env workers': gymnasium, numpy, about a second of
+        a core; policy processes': torch, two more), so their imports run in the background
+        before a reconfigure needs a worker, not inside it; :attr:`warming` says when they
+        serve. The online tuner calls this before its first reconfigure that starts processes.
+        A no-op under ``spawn``."""
         if self._ctx.get_start_method() == "forkserver":
             import multiprocessing.forkserver as fs
 
             fs.ensure_running()  # launches the server and returns; it imports while we go on
+            if self._torch_process is not None:
+                from auturi.executor.shm.forkservers import start_torch_server
+
+                start_torch_server(self._preload)
+            if self._warm is None:
+                self._warm = threading.Event()
+                threading.Thread(target=self._watch_warm, daemon=True, name="auturi-warm-start").start()
+
+    def _watch_warm(self) -> None:
+        from auturi.executor.shm.forkservers import wait_ready
+
+        try:
+            wait_ready(torch=self._torch_process is not None, extra=self._preload)
+        except Exception:  # a server that cannot fork: the next reconfigure says why
+            pass
+        finally:
+            assert self._warm is not None
+            self._warm.set()
+
+    @property
+    def warming(self) -> bool:
+        """Whether the forkservers :meth:`warm_start` started are still importing. Their
+        imports take seconds of a core: a collect timed meanwhile shares the cores with them
+        and reads slow (on a 2-core machine the serial start layout read 40% slow), so the
+        online tuner does not measure collects while this is True."""
+        return self._warm is not None and not self._warm.is_set()
 
     @property
     def _slots(self) -> list[Slot]:
@@ -507,6 +539,18 @@ class ShmExecutor(Executor):
         if self._ctrl is not None:
             self._ctrl.close()
             self._ctrl = None
+
+
+def _first_layout_forks_policy(args: tuple, kwargs: dict) -> bool:
+    """Whether the config an executor is built with (``Executor.__init__``'s fourth argument;
+    default serial) runs a policy in a process of its own (an actor's or a replica's)."""
+    config = args[3] if len(args) > 3 else kwargs.get("config")
+    if config is None:
+        return False
+    try:
+        return any(p.kind != MAIN and p.device is not None for p in plan_layout(config).processes)
+    except Exception:  # an invalid config: the base constructor says why
+        return False
 
 
 def _role(p: ProcessPlan) -> tuple:
