@@ -443,6 +443,41 @@ def test_logging_save_load_predict(tmp_path, one_thread):
         unwrap_sb3(model)
 
 
+def test_a_cached_choice_is_set_up_inside_wrap_as_a_fixed_config_is(one_thread, tmp_path):
+    """A warm run's layout starts in ``wrap`` (its processes too), not inside ``learn``."""
+    import json
+
+    from auturi.tuner.cache import ResultsCache
+
+    def wrapped():
+        model = PPO("MlpPolicy", cartpole(2), n_steps=16, seed=0, device="cpu", n_epochs=1)
+        return wrap_sb3(model, strategy="grid", budget_trials=1,
+                        tuner_options={"cache": tmp_path, "min_samples": 2, "max_samples": 2,
+                                       "min_sample_seconds": 0})
+
+    first = wrapped()
+    try:
+        first.learn(16 * 2 * 6)
+        assert first.auturi.tuner.best() is not None
+    finally:
+        unwrap_sb3(first)
+    # What a run that chose two env workers leaves behind (which layout wins here is noise).
+    choice = Config(num_actors=1, envs_per_actor=2, env_parallel_degree=2)
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    rec["choice"]["config"] = choice.to_dict()
+    ResultsCache(tmp_path).store(rec)
+
+    second = wrapped()
+    try:
+        assert second.auturi.executor.config == choice  # before any collect
+        assert second.auturi.tuner.history == [] and second.auturi.tuner.current.source == "cache"
+        second.learn(16 * 2 * 6)
+        assert [t.source for t in second.auturi.tuner.history][:1] == ["cache"]
+    finally:
+        unwrap_sb3(second)
+
+
 def test_online_tuner_logs_choice(one_thread, tmp_path, monkeypatch):
     from auturi.tuner.space import SearchSpace
 

@@ -229,6 +229,14 @@ class OnlineTuner(_Session):
             self._save()  # training ends before a lock-in: the next run starts from the best so far
         return rollout
 
+    def begin(self, num_steps: int) -> None:
+        """Start the run now, before the first collect of ``num_steps`` steps per env (a face
+        that knows them calls this when it wraps): a cached choice's layout is set up here,
+        as a fixed ``config=`` is when its executor is built, instead of inside the first
+        collect. Idempotent; :meth:`collect` begins by itself when this was not called."""
+        if self.t0 is None:
+            self._begin(num_steps)
+
     # -- reconfigures
     def _reconfigure(self, config: Config) -> tuple[float, dict[str, Any] | None]:
         """Reconfigure the executor; its seconds count as search cost. Returns them and the
@@ -375,7 +383,8 @@ class OnlineTuner(_Session):
         also those where no other layout pays back (cheap envs: 3-5% of a short run); started
         inside the reconfigure, they stalled the training for their whole length."""
         warm = getattr(self.executor, "warm_start", None)
-        if self._warmed or not callable(warm) or self._started_processes(config) == 0:
+        if (self._warmed or not callable(warm) or source == "cache"  # a cached choice starts at once, as a fixed one
+                or self._started_processes(config) == 0):
             return False
         self._warmed = True
         warm()

@@ -122,7 +122,14 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
                                 workload={"sb3": type(model).__name__, "env": factories[0].name},
                                 status_port=status_port, verbose=model.verbose >= 1,
                                 executor_kwargs=ray_kwargs(backend, address, actor_resources))
-    model.auturi = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space)
+    handle = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space)
+    if collector.tuner is not None and not off_policy:
+        try:  # a cached choice's processes start now, as a fixed config's do, not inside learn
+            collector.tuner.begin(int(model.n_steps))
+        except BaseException:
+            handle.close()
+            raise
+    model.auturi = handle
     model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)
     model._excluded_save_params = types.MethodType(_excluded_save_params, model)
     return model
