@@ -195,6 +195,55 @@ def test_killing_a_ray_actor_mid_collect_is_a_worker_error_and_leaves_nothing(tm
         ex.collect(2)
 
 
+NODE_LOSS_SECONDS = 90.0  # Ray's own detection of a lost node, on a busy 2-core machine
+
+
+def test_a_node_lost_mid_collect_is_a_worker_error_naming_it_and_the_fix(tmp_path, two_nodes):
+    """A third node joins; both actors of the layout are pinned to it (a custom resource only
+    it has). While env 2 blocks inside actor 1 mid-collect, the node is removed (its raylet and
+    every process on it killed, as when a machine is lost). The collect raises, within a
+    bounded time, a WorkerError naming the actor, the lost node and what to do; close() then
+    ends every process of both actors and leaves no shared memory."""
+    node = two_nodes.add_node(num_cpus=4, resources={"node_c": 1}, object_store_memory=80 * 2**20)
+    two_nodes.wait_for_nodes()
+    os.mkfifo(tmp_path / "fifo")
+    blocking = functools.partial(BlockingEnv, str(tmp_path), 3, os.getpid())
+    plain = counting()
+    config = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
+    ex = ray_executor([plain, plain, blocking, plain], config, actor_resources={"node_c": 0.5})
+    try:
+        assert set(ex.actor_nodes) == {node.node_id}
+        victim = ex._actors[1]
+
+        def remove_when_blocked():
+            deadline = time.monotonic() + DEADLINE
+            while time.monotonic() < deadline and not [n for n in os.listdir(tmp_path) if n.isdigit()]:
+                time.sleep(0.05)
+            two_nodes.remove_node(node, allow_graceful=False)
+
+        remover = threading.Thread(target=remove_when_blocked, daemon=True)
+        remover.start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as e:
+            ex.collect(10)
+        took = time.monotonic() - t0
+        remover.join(DEADLINE)
+        assert not remover.is_alive()
+        assert took < NODE_LOSS_SECONDS, f"the lost node was noticed after {took:.0f} s"
+        err = e.value
+        assert err.worker.startswith("ray actor ") and node.node_id[:12] in err.worker, err
+        assert f"node {node.node_id}" in err.reason and "was lost" in err.reason, err.reason
+        assert "restart" in err.reason and "auturi.wrap" in err.reason, err.reason  # the fix
+        assert err.config == config
+        with pytest.raises(AuturiError, match="closed"):
+            ex.collect(2)
+    finally:
+        ex.close()
+        if node in two_nodes.worker_nodes:
+            two_nodes.remove_node(node)
+    assert victim.pid in TRACKED  # the autouse fixture checks these processes ended, segments gone
+
+
 def test_a_stopped_ray_actor_is_a_worker_error_naming_it():
     """worker_timeout holds for Ray actors too: a SIGSTOPped actor answers no progress probe."""
     config = Config(num_actors=2, envs_per_actor=2)

@@ -8,13 +8,15 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping
 
 from auturi.errors import AuturiError
 from auturi.resources import ClusterResources, ray_cluster_resources, usable_cores
 
 __all__ = ["ClusterResources", "ray_cluster_resources", "connect", "release", "check_actor_resources", "with_extra",
-           "custom_of", "alive_node_resources", "unplaceable", "place_lines"]
+           "custom_of", "alive_node_resources", "unplaceable", "place_lines", "node_lost", "NODE_LOST_SECONDS",
+           "lost_node_reason"]
 
 _lock = threading.Lock()
 _local = {"started": False, "users": 0}  # the local instance Auturi started, and its executors
@@ -86,6 +88,36 @@ def release() -> None:
             _local.update(started=False, users=0)
             ray.shutdown()
 
+
+
+# ---------------------------------------------------------------- lost nodes
+NODE_LOST_SECONDS = 30.0
+"""How long an actor that stopped answering (``ActorUnavailableError``) may wait for the GCS
+to say whether its node is dead: it marks a node dead only after missing several health
+checks (~15 s by Ray's defaults), while the actor's socket closes at once."""
+
+
+def node_lost(node_id: str, wait: float = 0.0) -> bool:
+    """Whether Ray node ``node_id`` is dead (or gone from the cluster's table); with ``wait``,
+    ask the GCS again every half second until it says so or ``wait`` seconds pass."""
+    import ray
+
+    deadline = time.monotonic() + wait
+    while True:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        if node_id not in alive:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)  # a GCS query per half second: its verdict has no event to wait on
+
+
+def lost_node_reason(node_id: str, ip: str) -> str:
+    """Why an actor on a lost node failed, and what to do (the ``WorkerError`` reason)."""
+    return (f"its Ray node {node_id} ({ip}) was lost (stopped, crashed, out of memory or cut off from the "
+            f"cluster): the episodes of its envs are gone and nothing is restarted (new envs would change the "
+            f"data). Restart that node or leave it out, then build the executor again (a new "
+            f"auturi.wrap(...) or make_executor(...); `ray status` lists the nodes alive)")
 
 
 # ---------------------------------------------------------------- per-actor resources

@@ -20,7 +20,10 @@ from auturi.executor.ray_cluster import (
     alive_node_resources,
     check_actor_resources,
     connect,
+    NODE_LOST_SECONDS,
     custom_of,
+    lost_node_reason,
+    node_lost,
     ray_cluster_resources,
     release,
     unplaceable,
@@ -313,7 +316,7 @@ class RayExecutor(Executor):
         for i in indices:
             a = self._actors[i]
             if a.node != "?" and a.node not in alive:
-                raise WorkerError(a.name, "its Ray node is dead", "", self._applying)
+                raise WorkerError(a.name, lost_node_reason(a.node, a.ip), "", self._applying)
 
     def _failure(self, actor: _Actor, exc: BaseException) -> WorkerError:
         """A :class:`WorkerError` naming the actor, its node and the cause."""
@@ -327,6 +330,11 @@ class RayExecutor(Executor):
             what = f"{type(cause).__name__}: {cause}" if cause is not None else "an exception"
             return WorkerError(actor.name, f"raised {what}", getattr(exc, "traceback_str", str(exc)), config)
         if isinstance(exc, rex.RayActorError):
+            # A lost node first shows as an actor whose socket closed (unavailable, not yet
+            # dead): wait, bounded, for the GCS's verdict on the node to say which it was.
+            wait = NODE_LOST_SECONDS if isinstance(exc, rex.ActorUnavailableError) else 0.0
+            if actor.node != "?" and node_lost(actor.node, wait):
+                return WorkerError(actor.name, lost_node_reason(actor.node, actor.ip), str(exc), config)
             return WorkerError(actor.name, f"died ({type(exc).__name__})", str(exc), config)
         return WorkerError(actor.name, f"failed ({type(exc).__name__})", str(exc), config)
 
