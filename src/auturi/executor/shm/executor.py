@@ -93,12 +93,17 @@ class ShmExecutor(Executor):
         self._preload: tuple[str, ...] = ()
         self._warm: threading.Event | None = None  # set once warm_start's servers serve
         policy = args[1] if len(args) > 1 else kwargs.get("policy")
+        env_modules = _env_modules(args, kwargs) if self._ctx.get_start_method() == "forkserver" else ()
+        if env_modules:
+            from auturi.executor.shm.forkservers import prepare_env_server
+
+            prepare_env_server(env_modules)
         if (self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules
                 and getattr(policy, "needs_torch", True)):
             from auturi.executor.shm.forkservers import TorchProcess, preload_key, start_torch_server
 
             self._torch_process = TorchProcess
-            self._preload = preload_key(policy)
+            self._preload = tuple(sorted(set(preload_key(policy)) | set(env_modules)))  # actors step envs too
             # Started early only where the first layout forks policy processes: an in-process
             # start (the online tuner's) would pay seconds of a core for a server it may never use.
             if _first_layout_forks_policy(args, kwargs):
@@ -539,6 +544,20 @@ class ShmExecutor(Executor):
         if self._ctrl is not None:
             self._ctrl.close()
             self._ctrl = None
+
+
+def _env_modules(args: tuple, kwargs: dict) -> tuple[str, ...]:
+    """The modules the env factories (``Executor.__init__``'s first two arguments) import in
+    a worker (:func:`~auturi.executor.shm.forkservers.modules_to_preload`), from the first one."""
+    from auturi.envs import resolve_env_fns
+    from auturi.executor.shm.forkservers import modules_to_preload
+
+    try:
+        env = args[0] if args else kwargs["env"]
+        fns = resolve_env_fns(env, args[2] if len(args) > 2 else kwargs.get("num_envs"))
+    except Exception:  # a bad env argument: the base constructor says why
+        return ()
+    return modules_to_preload(fns[0]) if fns else ()
 
 
 def _first_layout_forks_policy(args: tuple, kwargs: dict) -> bool:

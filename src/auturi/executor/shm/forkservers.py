@@ -19,14 +19,18 @@ so their imports never share the cores with a measured collect.
 """
 from __future__ import annotations
 
+import io
 import multiprocessing as _mp
 import multiprocessing.forkserver as _fs
 import multiprocessing.popen_forkserver as _pf
+import pickle
 import threading
 import time
 import types
 from multiprocessing.context import ForkServerProcess
 from typing import Any
+
+import cloudpickle
 
 _PRELOAD_TORCH = ["auturi.executor.shm.preload", "torch"]
 _lock = threading.Lock()
@@ -98,6 +102,37 @@ class TorchProcess(ForkServerProcess):
 
 ENV_PRELOAD = ["auturi.executor.shm.preload"]
 """What the standard forkserver (env workers) preloads: the ``shm`` backend sets the same."""
+
+
+def modules_to_preload(obj: Any) -> tuple[str, ...]:
+    """The modules a worker imports when it unpickles ``obj`` (env factories travel
+    cloudpickled; what they name by module, such as SB3's ``Monitor`` or the module that
+    defines an env, is imported on arrival), found by unpickling it here, where they are
+    imported already. A worker importing them itself paid for them on every start: SB3's
+    ``Monitor`` pulls in SB3 and torch, 1.4 s of a core per env worker on our 2-core machine."""
+    found: list[str] = []
+
+    class _Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if module not in found:
+                found.append(module)
+            return super().find_class(module, name)
+
+    try:
+        _Recorder(io.BytesIO(cloudpickle.dumps(obj))).load()
+    except Exception:  # an object that does not round-trip: its workers say why when they start
+        return ()
+    skip = ("builtins", "__main__", "copyreg", "_codecs", "cloudpickle")  # every worker has these
+    return tuple(m for m in found if m.split(".")[0] not in skip)
+
+
+def prepare_env_server(modules: tuple[str, ...]) -> None:
+    """Have the env workers' forkserver preload ``modules`` besides :data:`ENV_PRELOAD`, so
+    each fork starts with them imported. Only before that server starts (its preloads are fixed
+    then): a later executor's workers import what they need themselves."""
+    if _fs._forkserver._forkserver_pid is None:
+        _mp.get_context("forkserver").set_forkserver_preload(ENV_PRELOAD + [m for m in modules
+                                                                            if m not in ENV_PRELOAD])
 
 
 def _noop() -> None:

@@ -1,0 +1,21 @@
+"""An env class whose module records which process imported it (for tests/test_env_preload.py;
+not a test module: the env forkserver imports it, pytest must not collect it)."""
+import os
+
+from auturi.envs import CountingEnv
+
+IMPORTED_IN = os.getpid()
+
+
+class PreloadProbeEnv(CountingEnv):
+    """At each step writes ``<directory>/<pid>``: ``1`` if this module was imported by the
+    process stepping it, ``0`` if it came with the process (imported by the server it forked from)."""
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = directory
+
+    def step(self, action):
+        with open(os.path.join(self.directory, str(os.getpid())), "w") as f:
+            f.write("1" if IMPORTED_IN == os.getpid() else "0")
+        return super().step(action)
