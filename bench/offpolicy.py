@@ -8,10 +8,13 @@
 2. Learning parity: the mean return of the last episodes, SB3 vs wrapped, per seed (SAC on
    Pendulum, DQN on CartPole, ``--parity-seeds``).
 3. Per-collect cost: microseconds per ``executor.collect(1)`` (what a ``train_freq=1`` step
-   costs) for the serial layout and a parallel one, with the SAC actor on the MuJoCo env.
+   costs) under serial, one actor with env degree 2 and 4, and two actors, beside plain SB3's
+   ``predict`` + ``step`` on ``DummyVecEnv`` and ``SubprocVecEnv``, with the SAC actor on the
+   MuJoCo env, measured in interleaved rounds (``--per-collect`` runs this section alone).
 
 Run (the lead's numbers, on a quiet machine):
     python -m bench.offpolicy --steps 20000 --repeats 2 --parity-steps 30000 --parity-seeds 2
+Per-collect only: python -m bench.offpolicy --per-collect [--collects 500 --rounds 5]
 Smoke (seconds): python -m bench.offpolicy --tiny
 """
 from __future__ import annotations
@@ -82,32 +85,102 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
             "return": float(np.mean([e["r"] for e in eps])) if eps else float("nan")}
 
 
-def collect_cost(env_id: str, n_envs: int, config_json: str | None, collects: int) -> dict:
-    """Microseconds per 1-step collect through the wrapped SAC's executor, per layout."""
-    import auturi
+PER_COLLECT_LAYOUTS = {
+    "serial": '{"num_actors": 1, "envs_per_actor": N}',
+    "degree_2": '{"num_actors": 1, "envs_per_actor": N, "env_parallel_degree": 2}',
+    "degree_4": '{"num_actors": 1, "envs_per_actor": N, "env_parallel_degree": 4}',
+    "two_actors": '{"num_actors": 2, "envs_per_actor": N/2}',
+}
 
-    layouts = {"serial": auturi.Config.serial(n_envs)}
-    if config_json:
-        layouts["parallel"] = auturi.Config.from_json(config_json)
+
+class _Sb3Step:
+    """Plain SB3's share of one ``train_freq=1`` step: ``predict`` on the last observations
+    (SAC's ``_sample_action`` after ``learning_starts``) and ``env.step``."""
+
+    def __init__(self, env_id: str, n_envs: int, kind: str):
+        self.model = make_model("sac", env_id, n_envs, 0, kind, tiny=True)
+        self.obs = self.model.env.reset()
+
+    def __call__(self) -> None:
+        actions, _ = self.model.predict(self.obs, deterministic=False)
+        self.obs = self.model.env.step(actions)[0]
+
+    def close(self) -> None:
+        self.model.env.close()
+
+
+class _Collect1:
+    """``executor.collect(1)`` of a wrapped SAC under ``config``."""
+
+    def __init__(self, env_id: str, n_envs: int, config):
+        import auturi
+
+        self.model = auturi.wrap(make_model("sac", env_id, n_envs, 0, "dummy", tiny=True), config=config)
+        self.ex = self.model.auturi.executor
+        self.ex.set_policy_state(self.model.auturi.state(self.model))
+
+    def __call__(self) -> None:
+        self.ex.collect(1)
+
+    def close(self) -> None:
+        import auturi
+
+        auturi.unwrap(self.model)
+        self.model.env.close()
+
+
+def _timed(step, collects: int) -> float:
+    """Median microseconds of ``collects`` calls of ``step`` (after 10 unmeasured: first-touch
+    pages, torch's thread calibration, workers' first wake-ups)."""
+    for _ in range(10):
+        step()
+    us = []
+    now = time.perf_counter
+    for _ in range(collects):
+        t0 = now()
+        step()
+        us.append((now() - t0) * 1e6)
+    return statistics.median(us)
+
+
+def per_collect(env_id: str, n_envs: int, collects: int, rounds: int, layouts=None) -> dict:
+    """Microseconds per 1-step collect (what a ``train_freq=1`` step costs before training):
+    the wrapped SAC's executor under each layout of ``layouts`` (name -> Config JSON, ``N``
+    standing for ``n_envs``; default :data:`PER_COLLECT_LAYOUTS`) beside plain SB3's
+    ``predict`` + ``step`` on ``DummyVecEnv`` and ``SubprocVecEnv``, all built first and then
+    measured in ``rounds`` interleaved rounds of ``collects`` calls (each sample a median)."""
+    import auturi
+    from bench.common import interleave
+
+    makers = {"sb3_dummy": lambda: _Sb3Step(env_id, n_envs, "dummy"),
+              "sb3_subproc": lambda: _Sb3Step(env_id, n_envs, "subproc")}
+    for name, text in (layouts or PER_COLLECT_LAYOUTS).items():
+        config = auturi.Config.from_json(text.replace("N/2", str(n_envs // 2)).replace("N", str(n_envs)))
+        makers[name] = lambda config=config: _Collect1(env_id, n_envs, config)
+    runners: dict = {}
+    try:
+        for name, make in makers.items():
+            runners[name] = make()
+        samples = interleave(runners, rounds, lambda name, r: _timed(r, collects))
+    finally:
+        for r in runners.values():
+            r.close()
     out = {}
-    for name, config in layouts.items():
-        model = auturi.wrap(make_model("sac", env_id, n_envs, 0, "dummy", tiny=True), config=config)
-        try:
-            ex = model.auturi.executor
-            ex.set_policy_state(model.auturi.state(model))
-            for _ in range(10):  # warm-up: first-touch pages, thread calibration
-                ex.collect(1)
-            us = []
-            for _ in range(collects):
-                t0 = time.perf_counter()
-                ex.collect(1)
-                us.append((time.perf_counter() - t0) * 1e6)
-            out[name] = {"config": str(config), **summarize(us)}
-            out[name].pop("samples")
-        finally:
-            auturi.unwrap(model)
-            model.env.close()
+    for name, xs in samples.items():
+        row = summarize(xs)
+        if isinstance(runners[name], _Collect1):
+            row["config"] = str(runners[name].ex.config)
+        out[name] = row
+    base = out["sb3_dummy"]["median"]
+    for row in out.values():
+        row["vs_sb3_dummy"] = row["median"] / base
     return out
+
+
+def print_per_collect(res: dict) -> None:
+    for name, row in res.items():
+        print(f"{name:12s} {row['median']:8.0f} us/collect ±{100 * row['spread']:.0f}%  "
+              f"{row['vs_sb3_dummy']:.2f}x DummyVecEnv  {row.get('config', '')}", flush=True)
 
 
 def main(argv=None) -> dict:
@@ -117,15 +190,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=20_000, help="env steps per learn (all envs)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--config", default='{"num_actors": 1, "envs_per_actor": 8, "env_parallel_degree": 2}',
-                    help="Config JSON of the 'fixed' variant and the parallel per-collect layout")
+                    help="Config JSON of the 'fixed' variant")
     ap.add_argument("--parity-steps", type=int, default=30_000)
     ap.add_argument("--parity-seeds", type=int, default=2)
-    ap.add_argument("--collects", type=int, default=2000)
+    ap.add_argument("--collects", type=int, default=500, help="1-step collects per per-collect sample")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the per-collect section")
+    ap.add_argument("--per-collect", action="store_true",
+                    help="only the per-collect section (us per 1-step collect, layouts and SB3 peers)")
     ap.add_argument("--tiny", action="store_true", help="smoke run: a few hundred steps, small nets")
     ap.add_argument("--out", default="bench/results/offpolicy.json")
     args = ap.parse_args(argv)
     if args.tiny:
         args.steps, args.repeats, args.parity_steps, args.parity_seeds, args.collects = 256, 1, 256, 1, 50
+        args.rounds = 2
         args.n_envs = 4
         args.config = '{"num_actors": 1, "envs_per_actor": 4, "env_parallel_degree": 2}'
     import torch
@@ -135,6 +212,10 @@ def main(argv=None) -> dict:
     out = {"machine": machine_header(), "command": "python -m bench.offpolicy " + " ".join(argv or sys.argv[1:]),
            "mujoco_env": mujoco, "e2e": [], "parity": [], "collect_us": None}
     print(out["machine"], f"MuJoCo env: {mujoco}", sep="\n", flush=True)
+    if args.per_collect:
+        out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds)
+        print_per_collect(out["collect_us"])
+        return _save(out, args.out.replace(".json", "_per_collect.json"))
     workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", "CartPole-v1", args.n_envs)]
     for algo, env_id, n in workloads:
         for rep in range(args.repeats):
@@ -150,12 +231,16 @@ def main(argv=None) -> dict:
                                args.tiny)
                 out["parity"].append(r)
                 print(f"parity {algo} {env_id} {kind:6s} seed {100 + seed}: return {r['return']:8.1f}", flush=True)
-    out["collect_us"] = collect_cost(mujoco, args.n_envs, args.config, args.collects)
-    print("per 1-step collect (us):", json.dumps(out["collect_us"], indent=1), flush=True)
+    out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds)
+    print_per_collect(out["collect_us"])
     out["summary"] = _summary(out["e2e"])
     print(json.dumps(out["summary"], indent=1))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
+    return _save(out, args.out)
+
+
+def _save(out: dict, path: str) -> dict:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
         json.dump(out, f, indent=1)
     return out
 
