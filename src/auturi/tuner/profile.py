@@ -2,11 +2,11 @@
 
 :func:`profile_executor` times the parts once, in this process, without starting workers:
 one env's step time (mean, spread, and how much of it is CPU rather than waiting), the
-observation size, and the policy's latency against batch size on each device. Three costs
+observation size, and the policy's latency against batch size on each device. Some costs
 cannot be timed in-process: the round trip to a worker process (``ipc_seconds``), the
-executor's bookkeeping per env step (``env_overhead_seconds``) and what time-slicing more
-busy processes than cores costs (``contention``). They start at defaults and
-:func:`fit_overheads` fits them to the configs measured so far (the start and serial configs
+executor's bookkeeping per env step (``env_overhead_seconds``), what time-slicing more busy
+processes than cores costs (``contention``), and the per-collect and cross-node costs below.
+They start at defaults and :func:`fit_overheads` fits them to the configs measured so far (the start and serial configs
 are always measured first, so the fit has data from the beginning).
 
 :func:`predict` is a per-actor pipeline model, limited by the cores:
@@ -21,7 +21,19 @@ are always measured first, so the fit has data from the beginning).
 - lock-step env lanes wait for the slowest: ``std * sqrt(E/D) * sqrt(2 ln D)`` per row;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
 - the total is capped by ``cores / (CPU seconds per env step)``, and divided by
-  ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores.
+  ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores;
+- across nodes (``ray``, ``node_cores``): actors are spread over the nodes as the executor's
+  SPREAD placement places them (:func:`actors_per_node`), each node's cap and time-slicing
+  count its own cores and processes, and a collect lasts as long as its slowest node;
+- with the collect length known (``num_steps``; off-policy training often collects 1 step
+  per env), a collect also pays fixed costs (:func:`collect_overhead`: the in-process part,
+  plus one per kind of process it wakes: actors, env workers, replicas) and, with actors on
+  other nodes than the caller's, a round trip (:func:`cross_node_seconds`: a latency plus
+  their rollouts back and the weights out over the network; no memory is shared with them).
+  Throughput is then ``steps / (num_steps * row + fixed + round trip)``.
+
+Over 400 lines on purpose: the model, the profile it reads and the profiling that fills it
+are read together; profiling from training rollouts lives in :mod:`rollout_profile`.
 
 Example:
     >>> from auturi import Config
@@ -30,6 +42,11 @@ Example:
     ...             cores=2)
     >>> predict(Config(envs_per_actor=16, env_parallel_degree=16), p) > predict(Config.serial(16), p)
     True
+    >>> cheap = Profile(env_step_seconds=20e-6, policy_seconds={"cpu": {4: 60e-6, 8: 60e-6}}, cores=2)
+    >>> two = Config(num_actors=2, envs_per_actor=4)  # two actor processes: waking them costs per collect
+    >>> [predict(two, cheap.replace(num_steps=n)) > predict(Config.serial(8), cheap.replace(num_steps=n))
+    ...  for n in (64, 1)]
+    [True, False]
 """
 from __future__ import annotations
 
@@ -57,13 +74,51 @@ DEFAULT_ENV_OVERHEAD_SECONDS = 3e-6
 DEFAULT_CONTENTION = 0.1
 """Throughput lost per extra busy process per core: small, until measured otherwise."""
 
+# Per-collect fixed costs, by what a layout wakes: a 1-step collect's median time less the
+# model's row for it (profiled, spread 0), 4 CartPole envs and a random policy on this
+# 2-core machine under a load of ~2.6, 3 rounds of 400 collects (/tmp script, issue 16):
+# serial 18-26 us; 2 actors 180-238 us; degree 2 74-150 us; 2 replicas 103-130 us.
+DEFAULT_COLLECT_SECONDS = 25e-6
+"""Any collect: the rollout block, the noise, copying the rollout out."""
+DEFAULT_ACTOR_COLLECT_SECONDS = 200e-6
+"""Waking actor processes and waiting for the last of them (control block, semaphores)."""
+DEFAULT_RAY_ACTOR_COLLECT_SECONDS = 1e-3
+"""The same on the ``ray`` backend: a remote call per actor and ``ray.get`` of its block."""
+DEFAULT_ENV_WORKER_COLLECT_SECONDS = 100e-6
+"""Waking env workers at a collect's start (their per-row hand-offs are priced per step)."""
+DEFAULT_REPLICA_COLLECT_SECONDS = 100e-6
+"""Waking replica processes and checking their weights version."""
+
+# Across nodes (ray): a remote actor's rollout comes back, and new weights go out, over the
+# network. Prior: a Ray object transfer's latency and a 10 Gb/s link's practical rate.
+DEFAULT_CROSS_NODE_SECONDS = 2e-3
+"""Latency of one collect's round trip to actors on other nodes than the caller's (fitted)."""
+DEFAULT_NETWORK_BYTES_PER_SECOND = 1e9
+"""Rate of rollouts and weights between nodes (fitted)."""
+STEP_EXTRA_BYTES = 32
+"""Rollout bytes per env step besides the observation (action, reward, flags, extras)."""
+
 # The grids :func:`fit_overheads` searches (log-spaced: the costs span orders of magnitude).
 _GRIDS = {
     "ipc_seconds": [float(x) for x in np.geomspace(5e-6, 5e-3, 25)],
     "env_overhead_seconds": [0.0] + [float(x) for x in np.geomspace(5e-7, 2e-4, 14)],
     "contention": [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
 }
+# Identified only when the profile knows the collect length (``num_steps``).
+_COLLECT_GRIDS = {
+    "collect_seconds": [float(x) for x in np.geomspace(1e-5, 2e-2, 12)],
+    **{k: [0.0] + [float(x) for x in np.geomspace(1e-5, 5e-2, 13)]
+       for k in ("actor_collect_seconds", "env_worker_collect_seconds", "replica_collect_seconds")},
+}
+# Identified only when the actors span nodes.
+_NODE_GRIDS = {
+    "cross_node_seconds": [float(x) for x in np.geomspace(1e-4, 0.2, 12)],
+    "network_bytes_per_second": [float(x) for x in np.geomspace(1e7, 3e10, 12)],
+}
 _PRIOR_WEIGHT = 0.02  # pulls an unidentified cost (no config exercised it yet) to the profile's value
+# ... weaker for the per-collect and cross-node costs: under load they measured 10-100x their
+# idle priors, and a pull as strong as the per-step costs' kept the fit there (30% off).
+_WEAK_PRIOR_WEIGHT = 0.002
 
 
 @dataclass
@@ -90,9 +145,29 @@ class Profile:
     contention: float = DEFAULT_CONTENTION
     """Throughput lost to time-slicing, per busy process beyond the cores, per core (fitted)."""
     cores: int = 1
-    """Usable cores."""
+    """Usable cores (on the ``ray`` backend: the cluster's; ``node_cores`` splits them)."""
     backend: str = "shm"
-    """``shm``: actors and lanes run in parallel processes; ``serial``: all in one process."""
+    """``shm``: actors and lanes run in parallel processes; ``serial``: all in one process;
+    ``ray``: every actor is a Ray actor (a remote call per collect, even on the caller's node)."""
+    num_steps: int = 0
+    """Steps per env of one collect (the training's rollout length, e.g. an off-policy
+    ``train_freq`` of 1); 0: unknown, and the per-collect costs below are left out."""
+    collect_seconds: float = DEFAULT_COLLECT_SECONDS
+    """Fixed cost of any collect (fitted)."""
+    actor_collect_seconds: float = DEFAULT_ACTOR_COLLECT_SECONDS
+    """Added per collect when actors are processes of their own (fitted)."""
+    env_worker_collect_seconds: float = DEFAULT_ENV_WORKER_COLLECT_SECONDS
+    """Added per collect when actors have env workers (fitted)."""
+    replica_collect_seconds: float = DEFAULT_REPLICA_COLLECT_SECONDS
+    """Added per collect when actors have replica processes (fitted)."""
+    node_cores: tuple[int, ...] = ()
+    """``ray`` across nodes: each node's cores, the caller's node first; () for one machine."""
+    cross_node_seconds: float = DEFAULT_CROSS_NODE_SECONDS
+    """Per-collect latency when actors run on other nodes than the caller's (fitted)."""
+    network_bytes_per_second: float = DEFAULT_NETWORK_BYTES_PER_SECOND
+    """Rate of rollouts back from, and weights out to, other nodes (fitted)."""
+    weights_bytes: int = 0
+    """Bytes of the policy's state, sent to each actor on another node per update."""
     profile_seconds: float = 0.0
     """What profiling cost."""
 
@@ -127,6 +202,7 @@ class Profile:
         d = dict(d)
         for k in ("policy_seconds", "policy_cpu_seconds"):
             d[k] = {dev: {int(b): float(s) for b, s in t.items()} for dev, t in d.get(k, {}).items()}
+        d["node_cores"] = tuple(int(c) for c in d.get("node_cores", ()))
         return cls(**d)
 
     def replace(self, **changes: Any) -> Profile:
@@ -167,23 +243,89 @@ def busy_processes(config: Config) -> int:
     return plan_layout(config, cores=(0,)).busy_processes  # the count does not depend on the cores
 
 
+def actors_per_node(config: Config, node_cores: Sequence[int]) -> list[int]:
+    """How many of ``config``'s actors each node runs, as the ``ray`` executor's SPREAD
+    placement group spreads them: one at a time over the nodes in turn, the caller's node
+    first, passing over a node without a CPU left for each of an actor's processes (a config
+    the nodes cannot hold, which the space prunes, fills them in turn regardless).
+
+    >>> actors_per_node(Config(num_actors=3, envs_per_actor=2, env_parallel_degree=2), (4, 4))
+    [2, 1]
+    >>> actors_per_node(Config(num_actors=3, envs_per_actor=2, env_parallel_degree=2), (2, 4))
+    [1, 2]
+    """
+    procs, free = config.processes_per_actor, list(node_cores)
+    out, nxt = [0] * len(free), 0
+    for _ in range(config.num_actors):
+        fits = [i for i in (*range(nxt, len(free)), *range(nxt)) if free[i] >= procs]
+        i = fits[0] if fits else nxt % len(free)
+        free[i] -= procs
+        out[i] += 1
+        nxt = (i + 1) % len(free)
+    return out
+
+
+def collect_overhead(config: Config, prof: Profile) -> float:
+    """Fixed seconds of one collect under ``config``, whatever its length: the in-process
+    part, plus one per kind of process it wakes (actors, env workers, replicas)."""
+    if prof.backend == "serial":
+        return prof.collect_seconds  # everything in the caller: nothing to wake
+    return (prof.collect_seconds + (config.num_actors > 1 or prof.backend == "ray") * prof.actor_collect_seconds
+            + (config.env_parallel_degree > 1) * prof.env_worker_collect_seconds
+            + (config.policies_per_actor > 1) * prof.replica_collect_seconds)
+
+
+def cross_node_seconds(config: Config, prof: Profile) -> float:
+    """Seconds per collect of the round trip to actors on other nodes than the caller's: a
+    latency, then their rollouts back and the weights out over the network (nothing when
+    every actor runs on the caller's node, whose object store the caller shares)."""
+    if len(prof.node_cores) < 2 or not prof.num_steps:
+        return 0.0
+    remote = sum(actors_per_node(config, prof.node_cores)[1:])
+    if not remote:
+        return 0.0
+    nbytes = remote * (config.envs_per_actor * prof.num_steps * (prof.obs_bytes + STEP_EXTRA_BYTES)
+                       + prof.weights_bytes)
+    return prof.cross_node_seconds + nbytes / prof.network_bytes_per_second
+
+
 def predict(config: Config, prof: Profile) -> float:
     """Predicted env steps per second of ``config`` (see the module docstring)."""
     A, E, D, P, B = (config.num_actors, config.envs_per_actor, config.env_parallel_degree,
                      config.policies_per_actor, config.policy_batch_size)
+    if prof.backend == "serial":
+        # Lanes and actors all run in this process, one after another.
+        te = prof.env_step_seconds + prof.env_overhead_seconds
+        g = math.ceil(E / B)
+        row = A * (E * te + g * prof.policy_latency(config.policy_device, B)
+                   + ((D > 1) * D + (P > 1) * g) * prof.env_overhead_seconds)
+    else:
+        if len(prof.node_cores) > 1:
+            per_actor = busy_processes(config.replace(num_actors=1))
+            loads = [(a, a * per_actor, c) for a, c in zip(actors_per_node(config, prof.node_cores), prof.node_cores)
+                     if a]
+        else:
+            loads = [(A, busy_processes(config), prof.cores)]
+        # Actors run in parallel, but a collect ends with its slowest node's last row.
+        row = max(_node_row_seconds(config, prof, *load) for load in loads)
+    if not prof.num_steps:
+        return A * E / row if row > 0 else math.inf
+    collect = prof.num_steps * row + collect_overhead(config, prof) + cross_node_seconds(config, prof)
+    return A * E * prof.num_steps / collect if collect > 0 else math.inf
+
+
+def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cores: int) -> float:
+    """Seconds one row of ``actors`` actors takes on a machine (or node) where they keep
+    ``busy`` processes busy on ``cores`` cores: their pipeline, capped by the cores, slowed by
+    time-slicing."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     dev = config.policy_device
     te = prof.env_step_seconds + prof.env_overhead_seconds
     g = math.ceil(E / B)  # forward passes per row
     L = prof.policy_latency(dev, B)
-    if prof.backend == "serial":
-        # Lanes and actors all run in this process, one after another.
-        row = E * te + g * L + ((D > 1) * D + (P > 1) * g) * prof.env_overhead_seconds
-        return A * E / (A * row) if row > 0 else math.inf
-
     # The actor's own process steps one env share; degree - 1 env workers step the rest.
-    busy = busy_processes(config)
     # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
-    ipc = prof.ipc_seconds * (1.0 + max(0, busy - prof.cores) / prof.cores)
+    ipc = prof.ipc_seconds * (1.0 + max(0, busy - cores) / cores)
     m = E // D  # envs per env lane
     # Tasks each env lane gets per row: a lane's envs step together, so they come back ready
     # together and ride in the same batch unless the batch is smaller than the lane.
@@ -200,29 +342,35 @@ def predict(config: Config, prof: Profile) -> float:
         row = max(s_env, s_pol) + min(s_env, s_pol) / g
         # The actor itself steps its own env share and, with one replica, runs inference.
         row = max(row, (m * te if D > 1 else E * te) + (g * L if P == 1 else 0.0))
-    pipeline = A * E / row if row > 0 else math.inf
+    pipeline = actors * E / row if row > 0 else math.inf
 
     # CPU cap: seconds of CPU each env step costs, wherever it runs.
     ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
     tasks_per_row = (D - 1) * env_tasks + (g if P > 1 else 0)
     cpu_per_step = (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
                     + g * prof.policy_latency(dev, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
-    cap = prof.cores / cpu_per_step if cpu_per_step > 0 else math.inf
+    cap = cores / cpu_per_step if cpu_per_step > 0 else math.inf
     # Time-slicing more busy processes than cores costs context switches and cold caches.
-    return min(pipeline, cap) / (1.0 + prof.contention * max(0, busy - prof.cores) / prof.cores)
+    rate = min(pipeline, cap) / (1.0 + prof.contention * max(0, busy - cores) / cores)
+    return actors * E / rate if rate > 0 else math.inf
 
 
-def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweeps: int = 3) -> Profile:
+def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweeps: int = 8) -> Profile:
     """``prof`` with the costs profiling cannot time (``ipc_seconds``,
-    ``env_overhead_seconds``, ``contention``) fitted to measured throughputs: least squares
-    on log throughput, with a weak pull to ``prof``'s own values (the defaults, unless set)
-    so a cost no measured config exercised stays where it was. Coordinate descent over a
-    log grid per cost."""
+    ``env_overhead_seconds``, ``contention``; with ``num_steps`` known, the per-collect costs
+    of each layout family; across nodes, the round trip's latency and the network's rate)
+    fitted to measured throughputs: least squares on log throughput, with a weak pull to
+    ``prof``'s own values (the defaults, unless set) so a cost no measured config exercised
+    stays where it was. Coordinate descent over a log grid per cost."""
     pts = [(c, float(v)) for c, v in measured if v and math.isfinite(v) and v > 0]
     if not pts:
         return prof
-
-    prior = {k: getattr(prof, k) for k in _GRIDS}
+    grids = dict(_GRIDS)
+    if prof.num_steps:  # without a collect length, per-collect costs do not enter a prediction
+        grids.update(_COLLECT_GRIDS)
+        if len(prof.node_cores) > 1:
+            grids.update(_NODE_GRIDS)
+    prior = {k: getattr(prof, k) for k in grids}
 
     def loss(p: Profile) -> float:
         err = 0.0
@@ -230,15 +378,30 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
             y = predict(c, p)
             err += (math.log(y) - math.log(v)) ** 2 if y > 0 and math.isfinite(y) else 1e6
         for k, d in prior.items():
-            err += _PRIOR_WEIGHT * math.log((getattr(p, k) + 1e-6) / (d + 1e-6)) ** 2
+            weight = _PRIOR_WEIGHT if k in _GRIDS else _WEAK_PRIOR_WEIGHT
+            err += weight * math.log((getattr(p, k) + 1e-6) / (d + 1e-6)) ** 2
         return err
 
-    best = prof
-    best_err = loss(best)
+    # Per-step and per-collect costs trade off (a 1-step collect's hand-offs are both), so
+    # coordinate descent ends where it starts moving first: descend in both orders, keep the better.
+    orders = [list(grids)]
+    if len(grids) > len(_GRIDS):
+        orders.append([k for k in grids if k not in _GRIDS] + list(_GRIDS))
+    best = min((_descend(prof, grids, order, loss, sweeps) for order in orders), key=loss)
+    # Then finer steps around where the grids ended (they are coarse, to keep a refit cheap).
+    for factor in (1.5, 1.2, 1.08):
+        near = {k: sorted({getattr(best, k) * factor ** j for j in (-1, 1)} - {0.0}) for k in grids}
+        best = _descend(best, near, list(grids), loss, 2)
+    return best
+
+
+def _descend(prof: Profile, grids: dict[str, list[float]], order: list[str], loss: Any, sweeps: int) -> Profile:
+    """Coordinate descent on ``loss`` over ``grids``, one cost at a time in ``order``."""
+    best, best_err = prof, loss(prof)
     for _ in range(sweeps):
         improved = False
-        for k, grid in _GRIDS.items():
-            for x in grid:
+        for k in order:
+            for x in grids[k]:
                 cand = replace(best, **{k: x})
                 e = loss(cand)
                 if e < best_err - 1e-12:
@@ -251,7 +414,8 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
 # ---------------------------------------------------------------------------- profiling
 def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
                      devices: Sequence[str] | None = None, *, env_seconds: float = 0.3,
-                     policy_seconds: float = 0.05, cores: int | None = None) -> Profile:
+                     policy_seconds: float = 0.05, cores: int | None = None, num_steps: int | None = None,
+                     node_cores: Sequence[int] | None = None) -> Profile:
     """Time the executor's env and policy in this process (no workers are started).
 
     Args:
@@ -261,6 +425,7 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
         env_seconds: about how long to step the env (at least 20 steps).
         policy_seconds: about how long to time each batch size (at least 3 calls).
         cores: usable cores (default: this process's affinity).
+        num_steps, node_cores: see :func:`collect_fields`.
 
     Raises:
         TypeError: ``executor`` lacks ``env_fns`` / ``policy`` (pass ``Profile`` yourself).
@@ -283,7 +448,47 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
     return Profile(env_step_seconds=env_mean, env_step_std=env_std, env_cpu_fraction=cpu_frac,
                    obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
                    cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),
-                   profile_seconds=time.perf_counter() - t_start)
+                   **collect_fields(executor, num_steps, node_cores), profile_seconds=time.perf_counter() - t_start)
+
+
+def collect_fields(executor: Any, num_steps: int | None = None,
+                   node_cores: Sequence[int] | None = None) -> dict[str, Any]:
+    """The :class:`Profile` fields about collects and nodes, for ``executor``.
+
+    ``num_steps``: given, else the length of the executor's last collect (a tuner measures
+    the start config before it profiles, at the training's length), else 0 (unknown). On the
+    ``ray`` backend: a remote call's per-collect cost, the nodes' cores (given, else read
+    from the connected cluster, the caller's node first) and, across nodes, the bytes of the
+    policy's state that each update ships to every remote actor.
+    """
+    if num_steps is None:
+        # Executor keeps the last collect's length private; a tuner's wrapper forwards it.
+        num_steps = max(0, int(getattr(executor, "_num_steps", 0) or 0))
+    out: dict[str, Any] = {"num_steps": int(num_steps)}
+    if str(getattr(executor, "backend", "")) != "ray":
+        return out
+    out["actor_collect_seconds"] = DEFAULT_RAY_ACTOR_COLLECT_SECONDS
+    out["node_cores"] = tuple(int(c) for c in (node_cores if node_cores is not None else ray_node_cores()))
+    policy = getattr(executor, "policy", None)
+    if len(out["node_cores"]) > 1 and policy is not None and hasattr(policy, "get_state"):
+        import cloudpickle
+
+        out["weights_bytes"] = len(cloudpickle.dumps(policy.get_state()))
+    return out
+
+
+def ray_node_cores() -> tuple[int, ...]:
+    """CPUs of each alive node of the connected Ray cluster, the caller's node first (the
+    one whose actors share the caller's object store); () when not connected."""
+    try:
+        import ray
+    except ImportError:
+        return ()
+    if not ray.is_initialized():
+        return ()
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n.get("NodeID") != here)
+    return tuple(int(n.get("Resources", {}).get("CPU", 0)) for n in nodes)
 
 
 def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 20,

@@ -4,7 +4,8 @@ Online, the first collects run under the start layout, usually the serial one (e
 policy in the caller). Their :class:`~auturi.rollout.CollectStats` already hold what
 :func:`~auturi.tuner.profile.profile_executor` would spend ~0.3 s measuring: with one actor,
 one env lane and one replica, ``env_seconds / steps`` is the mean step time of one env and
-``policy_seconds / forward passes`` the inference latency at the layout's batch size. What
+``policy_seconds / forward passes`` the inference latency at the layout's batch size, and
+their length is the collect length the per-collect costs are weighed against. What
 they lack is added cheaply, in this process: the policy's latency at the space's other batch
 sizes (a few calls each: milliseconds for an MLP) and the step time's spread and CPU share
 (a few dozen steps of one env); the fitted costs (IPC, contention) start at their defaults
@@ -30,7 +31,7 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.resources import usable_cores
-from auturi.tuner.profile import Profile, time_env, time_policy
+from auturi.tuner.profile import Profile, collect_fields, time_env, time_policy
 
 
 def profiles_in_process(config: Config) -> bool:
@@ -60,7 +61,7 @@ def profile_from_stats(stats: Sequence[Any], config: Config, num_steps: int, *, 
     pol = statistics.median(s.policy_seconds / passes for s in good)
     dev = config.policy_device
     return Profile(env_step_seconds=env, policy_seconds={dev: {config.policy_batch_size: pol}},
-                   cores=int(cores or usable_cores()), backend=backend)
+                   cores=int(cores or usable_cores()), backend=backend, num_steps=int(num_steps))
 
 
 def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, num_steps: int, *,
@@ -74,7 +75,7 @@ def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, n
     each; the batch size the stats timed keeps the stats' figure, taken under the real load)."""
     t0 = time.perf_counter()
     prof = profile_from_stats(stats, config, num_steps, backend=str(getattr(executor, "backend", "shm")),
-                              cores=cores)
+                              cores=cores).replace(**collect_fields(executor, num_steps))
     env_fns = getattr(executor, "env_fns", None)
     policy = getattr(executor, "policy", None)
     if env_fns and policy is not None and hasattr(policy, "act"):
