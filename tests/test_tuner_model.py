@@ -36,7 +36,7 @@ def test_one_step_collects_favour_the_in_process_layout_and_long_ones_keep_their
     """A cheap env (20 us a step, like CartPole; 8 envs, 2 cores): two actors win by ~1.6x
     per step, but with off-policy's 1-step collects the actors' and workers' wake-ups cost
     more than they save, so the model picks an in-process layout; for 64-step collects the
-    per-collect costs are spread thin and the ranking is the per-step one."""
+    per-collect costs are spread thin and the ranking is the per-step one's."""
     space = build_space(8, cores=2, devices=["cpu"])
     per_step = Profile(env_step_seconds=20e-6, policy_seconds=POLICY, cores=2)  # num_steps unknown: per step
     one, long = per_step.replace(num_steps=1), per_step.replace(num_steps=64)
@@ -44,11 +44,12 @@ def test_one_step_collects_favour_the_in_process_layout_and_long_ones_keep_their
     assert _in_process(_model_best(space, one)), _model_best(space, one)
     assert predict(Config.serial(8), one) > 1.2 * max(predict(c, one) for c in space.configs if c.num_actors > 1)
     assert _model_best(space, long) == _model_best(space, per_step)
-    assert _ranked(space, long)[:5] == _ranked(space, per_step)[:5]
-    # Pairs of configs the two models order alike: all but the few within ~1% of each other.
+    assert _ranked(space, long)[:3] == _ranked(space, per_step)[:3]
+    # Every pair of configs more than 2% apart per step keeps its order (a few closer pairs
+    # swap: four actors pay four wake-ups per collect).
     a, b = [predict(c, per_step) for c in space.configs], [predict(c, long) for c in space.configs]
-    pairs = [(i, j) for i in range(len(a)) for j in range(i)]
-    assert sum((a[i] > a[j]) == (b[i] > b[j]) for i, j in pairs) >= 0.97 * len(pairs)
+    apart = [(i, j) for i in range(len(a)) for j in range(i) if abs(a[i] / a[j] - 1) > 0.02]
+    assert len(apart) > 1000 and all((a[i] > a[j]) == (b[i] > b[j]) for i, j in apart)
 
 
 def test_one_step_collects_of_a_slower_env_still_go_parallel():
@@ -64,7 +65,7 @@ def test_each_family_pays_its_own_per_collect_cost():
     prof = Profile(env_step_seconds=1e-4, collect_seconds=1.0, actor_collect_seconds=10.0,
                    env_worker_collect_seconds=100.0, replica_collect_seconds=1000.0)
     assert collect_overhead(Config.serial(4), prof) == 1.0
-    assert collect_overhead(Config(num_actors=2, envs_per_actor=2), prof) == 11.0
+    assert collect_overhead(Config(num_actors=2, envs_per_actor=2), prof) == 21.0  # each actor is woken
     assert collect_overhead(Config(envs_per_actor=4, env_parallel_degree=2), prof) == 101.0
     assert collect_overhead(Config(envs_per_actor=4, policies_per_actor=2, policy_batch_size=2), prof) == 1001.0
     assert collect_overhead(Config(num_actors=2, envs_per_actor=2), prof.replace(backend="serial")) == 1.0

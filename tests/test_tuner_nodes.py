@@ -99,3 +99,37 @@ def test_profiles_round_trip_through_json_with_their_nodes():
     prof = _profile(env_step_seconds=1e-3, weights_bytes=1234)
     again = Profile.from_dict(json.loads(json.dumps(prof.to_dict())))
     assert again == prof and again.node_cores == NODES
+
+
+class _RayExecutor:
+    """What profiling reads of a ray executor: its backend, its policy, its last collect."""
+
+    backend = "ray"
+    _num_steps = 32
+
+    class policy:  # noqa: N801 - a stand-in object with the Policy method profiling calls
+        @staticmethod
+        def get_state():
+            return {"w": bytes(10_000)}
+
+
+def test_a_ray_executor_profiles_its_nodes_the_calls_cost_and_the_weights_it_ships(monkeypatch):
+    import sys
+    import types
+
+    from auturi.tuner.profile import DEFAULT_RAY_ACTOR_COLLECT_SECONDS, collect_fields
+
+    nodes = [{"NodeID": "b", "Alive": True, "Resources": {"CPU": 8.0}},
+             {"NodeID": "dead", "Alive": False, "Resources": {"CPU": 99.0}},
+             {"NodeID": "a", "Alive": True, "Resources": {"CPU": 2.0}}]
+    fake = types.SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes,
+                                 get_runtime_context=lambda: types.SimpleNamespace(get_node_id=lambda: "a"))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    got = collect_fields(_RayExecutor())
+    assert got["node_cores"] == (2, 8)  # the caller's node first, dead nodes left out
+    assert got["num_steps"] == 32 and got["actor_collect_seconds"] == DEFAULT_RAY_ACTOR_COLLECT_SECONDS
+    assert got["weights_bytes"] >= 10_000
+    given = collect_fields(_RayExecutor(), num_steps=1, node_cores=(4,))
+    assert given["num_steps"] == 1 and given["node_cores"] == (4,) and "weights_bytes" not in given
+    fake.is_initialized = lambda: False
+    assert collect_fields(_RayExecutor())["node_cores"] == ()
