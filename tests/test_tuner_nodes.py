@@ -133,3 +133,13 @@ def test_a_ray_executor_profiles_its_nodes_the_calls_cost_and_the_weights_it_shi
     assert given["num_steps"] == 1 and given["node_cores"] == (4,) and "weights_bytes" not in given
     fake.is_initialized = lambda: False
     assert collect_fields(_RayExecutor())["node_cores"] == ()
+
+
+def test_a_caller_on_a_cpu_less_head_node_pays_the_round_trip_for_every_layout():
+    """``ray start --head --num-cpus=0``: no actor runs beside the caller, so no layout
+    escapes the network, and the prediction stays finite."""
+    prof = _profile(env_step_seconds=20e-6, obs_bytes=84 * 84 * 4, node_cores=(0, 8), cores=8)
+    space = build_space(16, devices=["cpu"], cluster=ClusterResources(node_cpus=(0, 8)))
+    assert all(actors_per_node(c, prof.node_cores)[0] == 0 for c in space.configs)
+    assert all(cross_node_seconds(c, prof) > 0 for c in space.configs)
+    assert 0 < predict(Config.serial(16), prof.replace(node_cores=(0, 0))) < float("inf")

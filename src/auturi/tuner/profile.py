@@ -6,8 +6,9 @@ observation size, and the policy's latency against batch size on each device. So
 cannot be timed in-process: the round trip to a worker process (``ipc_seconds``), the
 executor's bookkeeping per env step (``env_overhead_seconds``), what time-slicing more busy
 processes than cores costs (``contention``), and the per-collect and cross-node costs below.
-They start at defaults and :func:`fit_overheads` fits them to the configs measured so far (the start and serial configs
-are always measured first, so the fit has data from the beginning).
+They start at defaults and :func:`fit_overheads` fits them to the configs measured so far
+(the start and serial configs are always measured first, so the fit has data from the
+beginning).
 
 :func:`predict` is a per-actor pipeline model, limited by the cores:
 
@@ -306,8 +307,10 @@ def predict(config: Config, prof: Profile) -> float:
     else:
         if len(prof.node_cores) > 1:
             per_actor = busy_processes(config.replace(num_actors=1))
-            loads = [(a, a * per_actor, c) for a, c in zip(actors_per_node(config, prof.node_cores), prof.node_cores)
-                     if a]
+            # max(1, ...): a head node started with 0 CPUs holds no actor unless a config
+            # that fits nowhere is asked about (the space prunes it; the start config may not be).
+            loads = [(a, a * per_actor, max(1, c))
+                     for a, c in zip(actors_per_node(config, prof.node_cores), prof.node_cores) if a]
         else:
             loads = [(A, busy_processes(config), prof.cores)]
         # Actors run in parallel, but a collect ends with its slowest node's last row.
