@@ -16,7 +16,7 @@ from auturi.resources import ClusterResources, ray_cluster_resources, usable_cor
 
 __all__ = ["ClusterResources", "ray_cluster_resources", "connect", "release", "check_actor_resources", "with_extra",
            "custom_of", "alive_node_resources", "unplaceable", "place_lines", "node_lost", "NODE_LOST_SECONDS",
-           "lost_node_reason"]
+           "lost_node_reason", "never_ran_hint"]
 
 _lock = threading.Lock()
 _local = {"started": False, "users": 0}  # the local instance Auturi started, and its executors
@@ -118,6 +118,25 @@ def lost_node_reason(node_id: str, ip: str) -> str:
             f"cluster): the episodes of its envs are gone and nothing is restarted (new envs would change the "
             f"data). Restart that node or leave it out, then build the executor again (a new "
             f"auturi.wrap(...) or make_executor(...); `ray status` lists the nodes alive)")
+
+
+def never_ran_hint(death: str) -> str:
+    """For an actor that died before it ran because Ray saw no reference to it left (``death``:
+    Ray's message), the cause seen in practice and its fix; else ``""``.
+
+    >>> never_ran_hint("The actor is dead because all references to the actor were removed.")[:49]
+    '; seen when this process and the cluster disagree'
+    >>> never_ran_hint("The actor died because its node died.")
+    ''
+    """
+    if "all references to the actor were removed" not in death:  # Ray 2.60's wording
+        return ""
+    mode = os.environ.get("RAY_AUTH_MODE", "unset")
+    return ("; seen when this process and the cluster disagree on token authentication: the cluster's calls "
+            f"to this process are refused, so Ray drops the actors it creates (RAY_AUTH_MODE here: {mode}; Ray "
+            "sets it to 'token' in a process that started a local instance, and an unset one means token when "
+            "~/.ray/auth_token exists and ray.init() found the cluster by itself). Start the cluster's nodes and "
+            "this process with the same RAY_AUTH_MODE")
 
 
 # ---------------------------------------------------------------- per-actor resources

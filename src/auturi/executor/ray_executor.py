@@ -23,6 +23,7 @@ from auturi.executor.ray_cluster import (
     NODE_LOST_SECONDS,
     custom_of,
     lost_node_reason,
+    never_ran_hint,
     node_lost,
     ray_cluster_resources,
     release,
@@ -335,7 +336,8 @@ class RayExecutor(Executor):
             wait = NODE_LOST_SECONDS if isinstance(exc, rex.ActorUnavailableError) else 0.0
             if actor.node != "?" and node_lost(actor.node, wait):
                 return WorkerError(actor.name, lost_node_reason(actor.node, actor.ip), str(exc), config)
-            return WorkerError(actor.name, f"died ({type(exc).__name__})", str(exc), config)
+            hint = never_ran_hint(str(exc)) if not actor.pid else ""  # pid 0: it never answered
+            return WorkerError(actor.name, f"died ({type(exc).__name__}){hint}", str(exc), config)
         return WorkerError(actor.name, f"failed ({type(exc).__name__})", str(exc), config)
 
     # ------------------------------------------------------------------ close

@@ -107,7 +107,11 @@ class RLModulePolicy:
         weights = dict(state)
         if EPSILON_KEY in weights:
             self.epsilon = float(np.asarray(weights.pop(EPSILON_KEY)).reshape(-1)[0])
-        self.module.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        # load_state_dict copies into the parameters; a read-only array (the ray backend's
+        # weights come from the object store) is copied first only because torch warns on it.
+        arrays = {k: np.asarray(v) for k, v in weights.items()}
+        self.module.load_state_dict({k: torch.as_tensor(a if a.flags.writeable else a.copy())
+                                     for k, a in arrays.items()})
 
     def act(self, obs: np.ndarray, noise: np.ndarray):
         import torch

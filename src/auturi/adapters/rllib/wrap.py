@@ -114,7 +114,8 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
             ``address`` is given or, at ``build_algo()``, this process is connected to a Ray
             cluster of more than one alive node; else ``"shm"``.
         address: the Ray cluster (``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``) for
-            ``backend="ray"``; ``None``: the current connection, ``RAY_ADDRESS``, or a local
+            ``backend="ray"``, connected to here, at once (unreachable: :class:`~auturi.AuturiError`
+            naming it); ``None``: the current connection, ``RAY_ADDRESS``, or a local
             instance. A lost actor or node fails ``train()`` with :class:`~auturi.WorkerError`
             naming it (``restart_failed_env_runners`` does not apply: a restarted actor's fresh
             envs would change the data; resume from a checkpoint).
@@ -137,6 +138,13 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
                        address)
     if seed is not None and int(seed) < 0:
         raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
+    if address is not None:
+        # Now, not at build_algo(): RLlib's EnvRunnerGroup calls ray.put before it builds our
+        # runner, and that auto-starts Ray with no address (a new local instance, or whichever
+        # cluster this machine ran last, in token-auth mode if ~/.ray/auth_token exists).
+        from auturi.executor.ray_cluster import connect
+
+        connect(address)
     runners, per = int(algo_config.num_env_runners or 0), int(algo_config.num_envs_per_env_runner)
     total = max(1, runners) * per
     if config is not None and config.num_envs != total:
