@@ -88,6 +88,10 @@ def learn(kind: str) -> tuple[Record, dict[str, torch.Tensor], object]:
             auturi.wrap(model, strategy="grid", budget_trials=len(LAYOUTS), tuner_options={
                 "space": space, "min_samples": 2, "max_samples": 2, "min_sample_seconds": 0, "lock_margin": 0,
                 "warmup_collects": 0, "cache": False, "search_share": None, "drop_patience": 10_000})
+            # The worker servers serve before learn: the tuner's first trial would otherwise wait
+            # for them over some of these 12 rollouts, and the grid would not reach every layout.
+            model.auturi.executor.warm_start()
+            assert model.auturi.executor.wait_warm(timeout=120)
         try:
             model.learn(N_STEPS * N_ENVS * ROLLOUTS, callback=rec)
             tuner = model.auturi.tuner

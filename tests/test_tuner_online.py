@@ -8,6 +8,7 @@ import pytest
 
 from auturi import Config
 from auturi.tuner import OnlineTuner, build_space
+from auturi.tuner.strategies import ModelStrategy
 from tests.helpers import FakeExecutor
 
 N = 8
@@ -610,3 +611,46 @@ def test_after_a_confirmed_cached_choice_a_re_search_with_a_known_horizon_only_r
         left -= 1
     assert again.researches >= 1
     assert {t.config for t in again.history} == {choice}  # re-measured, nothing else tried
+
+
+
+def _actors_faster(c: Config) -> float:
+    """The model's own profile's prediction, except that actors stepping their envs in
+    process run 40% faster than it says."""
+    return predict(c, TRUE) * (1.4 if _in_process_actors(c) else 1.0)
+
+
+def _in_process_actors(c: Config) -> bool:
+    return c.num_actors > 1 and c.env_parallel_degree == 1
+
+
+class _UnderratesActors(ModelStrategy):
+    """A model that ranks every unmeasured layout of actors stepping their envs in process
+    30% low (as ours ranked two actors on a CPU-heavy env below an env-worker layout that
+    measured 27% slower)."""
+
+    def _refresh(self, measured):
+        super()._refresh(measured)
+        for c in self._pred:
+            if _in_process_actors(c) and c not in measured:
+                self._pred[c] *= 0.7
+                self._ucb[c] *= 0.7
+
+
+def run_with_horizon(collects: int) -> OnlineTuner:
+    ex = ProfiledFake(truth=_actors_faster)
+    online = OnlineTuner(ex, _UnderratesActors(), space=SPACE16, clock=ex.clock, cache=False)
+    for left in range(collects - 1, -1, -1):
+        online.collect(64, remaining_collects=left)
+    return online
+
+
+def test_on_a_long_run_a_family_the_model_ranks_low_is_tried_and_wins():
+    online = run_with_horizon(3000)
+    assert _in_process_actors(online.locked_config)
+
+
+def test_on_a_short_run_no_family_gamble_is_taken():
+    online = run_with_horizon(60)
+    assert online.phase == "locked" and not any(_in_process_actors(t.config) for t in online.history)
+    assert online.declined and online.declined[-1]["cost_seconds"] >= online.declined[-1]["benefit_seconds"]

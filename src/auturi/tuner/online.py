@@ -51,6 +51,10 @@ from auturi.tuner.strategies import Strategy
 PROCESS_START_PRIOR = 0.15
 """Seconds one worker process is assumed to add to a reconfigure before this run measured one
 (forked warm from a forkserver: 0.05-0.2 s on a 2-core machine; cold, it was 0.5-2 s)."""
+SERVER_START_PRIOR = 1.0
+"""Seconds of training the worker forkservers' start costs (their imports of torch and
+gymnasium share the cores with the training for a few seconds), charged to the first trial
+that starts processes."""
 RECONFIGURE_BASE = 0.03
 """Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
 
@@ -95,6 +99,10 @@ class OnlineTuner(_Session):
         monitor_seconds: once locked in, the drop monitor's samples span consecutive collects
             until they add up to this long: a cheap env's 30 ms collects dip by 15% often
             enough, by noise alone, to start re-searches that cost more than any drop they find.
+        explore_factor: with a known horizon, once nothing the model ranks close pays back, a
+            layout family nothing was measured in is tried when, at the model's prediction
+            raised by its current error, the trial pays back this many times over (a gamble:
+            see :meth:`_exploration`).
         min_sample_seconds: a sample spans consecutive collects until they add up to this
             long (an off-policy collect of one step per env takes a millisecond: a sample of
             one would measure the timer's and the scheduler's noise, not the layout).
@@ -124,7 +132,8 @@ class OnlineTuner(_Session):
                  workload: dict[str, Any] | None = None, clock: Callable[[], float] = time.perf_counter,
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
                  profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05,
-                 min_gain: float = 0.05, lock_margin: float = 0.03, monitor_seconds: float = 0.5):
+                 min_gain: float = 0.05, lock_margin: float = 0.03, monitor_seconds: float = 0.5,
+                 explore_factor: float = 2.0):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -153,6 +162,9 @@ class OnlineTuner(_Session):
         if monitor_seconds < 0:
             raise ValueError(f"monitor_seconds must be >= 0, got {monitor_seconds}")
         self.monitor_seconds = monitor_seconds
+        if explore_factor < 1:
+            raise ValueError(f"explore_factor must be >= 1, got {explore_factor}")
+        self.explore_factor = explore_factor
         self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
         self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
         self.warming_collects = 0  # collects not measured: the executor was still warming up (warm_start)
@@ -482,9 +494,34 @@ class OnlineTuner(_Session):
             best, pred = self.best(), self.strategy.predicted(c)
             if best is not None and best.estimate and pred:
                 self._promised[c] = (1.0 - best.estimate / pred, best.estimate)
-        elif c is not None:
-            return None  # the best-predicted remaining config cannot pay its trial back: lock in
-        return (c, "online") if c is not None else None
+            return c, "online"
+        # Nothing the model ranks close pays back (or nothing is left): a family of layouts it
+        # may rank wrongly, where the run is long enough for the gamble; else lock in.
+        x = self._exploration()
+        return (x, "online") if x is not None else None
+
+    def _exploration(self) -> Config | None:
+        """The best-predicted config of a layout family nothing was measured in
+        (:meth:`ModelStrategy.propose_family`), when trying it pays back ``explore_factor``
+        times over at a hopeful prediction: the central one raised by the model's current
+        error (or the best measured figure so raised, if higher). On a 2-core machine the
+        model ranked two actors 2% below an env-worker layout that measured 27% slower: only
+        a measurement tells such families apart. Only with a known horizon (the gamble must
+        have time to pay); recorded in ``declined`` when it would not."""
+        propose = getattr(self.strategy, "propose_family", None)
+        best = self.best()
+        if propose is None or self.remaining_collects is None or best is None or not best.estimate:
+            return None
+        c = propose(self.history)
+        pred = self.strategy.predicted(c) if c is not None else None
+        if c is None or not pred:
+            return None
+        hopeful = max(pred, best.estimate) * math.exp(float(getattr(self.strategy, "model_error", 0.0)))
+        bc = self._payback(c, hopeful)
+        if bc is not None and bc[0] > self.explore_factor * bc[1]:
+            return c
+        self._decline(c, bc, hopeful)
+        return None
 
     # -- does a move pay back before the training ends?
     def _reconfigure_estimate(self, config: Config) -> float:
@@ -528,6 +565,8 @@ class OnlineTuner(_Session):
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
         benefit = self.discount() * gain * collect_s * max(0, left - trial_collects)
         cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
+        if not self._warmed and callable(getattr(self.executor, "warm_start", None)) and self._started_processes(config):
+            cost += SERVER_START_PRIOR  # the first trial that starts processes starts their servers too
         if self._search_trials:  # what this run's trials really cost (slow collects included)
             cost = max(cost, self.search_cost / self._search_trials)
         return benefit, cost
@@ -561,17 +600,20 @@ class OnlineTuner(_Session):
         bc = self._payback(config)
         if bc is None or (bc[0] > bc[1] and bc[0] > 0):
             return True
-        benefit, cost = bc
+        self._decline(config, bc, self.strategy.predicted(config))
+        return False
+
+    def _decline(self, config: Config, bc: tuple[float, float] | None, pred: float | None) -> None:
+        """Record in ``declined`` (and say) that ``config`` is not tried: it would not pay back."""
+        benefit, cost = bc if bc is not None else (math.nan, math.nan)
         best = self.best()
-        assert best is not None
-        pred = self.strategy.predicted(config)
         self.declined.append({"config": config.to_dict(), "at_collect": self.collects,
-                              "collects_left": self.remaining_collects, "predicted": pred, "best": best.estimate,
+                              "collects_left": self.remaining_collects, "predicted": pred,
+                              "best": best.estimate if best else None,
                               "benefit_seconds": benefit, "cost_seconds": cost})
         self._emit("phase", None, None,
                    f"not trying {config}: {self.remaining_collects} collects left; it would save ~{benefit:.2f} s "
                    f"against ~{cost:.2f} s to try it")
-        return False
 
     def _lock(self, best: Trial | None = None) -> None:
         if best is None:

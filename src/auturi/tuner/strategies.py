@@ -405,13 +405,9 @@ class ModelStrategy(Strategy):
         top = max(untried, key=lambda c: self._ucb[c])
         if self._ucb[top] > best * (1 + self.margin):
             return self._take(top)
-        # The model is most often wrong about a whole family (e.g. what a worker process
-        # costs), so try the best-predicted member of each family not measured yet.
-        seen = {family(c) for c in measured}
-        fresh = [c for c in untried if family(c) not in seen
-                 and self._pred[c] >= best * (1 - self.family_window)]
-        if fresh:
-            return self._take(max(fresh, key=lambda c: self._pred[c]))
+        fresh = self.propose_family(history)
+        if fresh is not None:
+            return self._take(fresh)
         if self._refined < self.max_refine:
             # Hill climb around every config measured within noise of the best (which of
             # them is truly best is not known yet), the best first.
@@ -424,6 +420,21 @@ class ModelStrategy(Strategy):
                     self._refined += 1
                     return self._take(max(near, key=lambda c: self._pred[c]))
         return None
+
+    def propose_family(self, history: Sequence[Trial]) -> Config | None:
+        """The model is most often wrong about a whole family (what a worker process or a
+        second actor costs), so: the best-predicted untried config of a :func:`family` nothing
+        was measured in, predicted within ``family_window`` of the best measured config; None
+        if there is none. Reads the predictions of the last refit (call after :meth:`propose`
+        or :meth:`propose_close`); takes nothing (the caller decides whether to try it)."""
+        measured = _measured(history)
+        if not measured or not self._pred:
+            return None
+        best = max(measured.values())
+        tried, seen = _tried(history), {family(c) for c in measured}
+        fresh = [c for c in self._space().configs if c not in tried and family(c) not in seen
+                 and self._pred.get(c, 0.0) >= best * (1 - self.family_window)]
+        return max(fresh, key=lambda c: self._pred[c]) if fresh else None
 
     def propose_close(self, history: Sequence[Trial], max_gap: float = 0.25,
                       key: Callable[[Config, float], float] | None = None) -> Config | None:

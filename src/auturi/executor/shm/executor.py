@@ -93,11 +93,10 @@ class ShmExecutor(Executor):
         self._preload: tuple[str, ...] = ()
         self._warm: threading.Event | None = None  # set once warm_start's servers serve
         policy = args[1] if len(args) > 1 else kwargs.get("policy")
-        env_modules = _env_modules(args, kwargs) if self._ctx.get_start_method() == "forkserver" else ()
-        if env_modules:
-            from auturi.executor.shm.forkservers import prepare_env_server
-
-            prepare_env_server(env_modules)
+        # Env workers fork from a server that imported what the env factories name (SB3's
+        # Monitor: 1.4 s per worker start when each imported it itself); see EnvProcess.
+        self._env_modules = _env_modules(args, kwargs) if self._ctx.get_start_method() == "forkserver" else ()
+        env_modules = self._env_modules
         if (self._ctx.get_start_method() == "forkserver" and "torch" in sys.modules
                 and getattr(policy, "needs_torch", True)):
             from auturi.executor.shm.forkservers import TorchProcess, preload_key, start_torch_server
@@ -120,12 +119,10 @@ class ShmExecutor(Executor):
         serve. The online tuner calls this before its first reconfigure that starts processes.
         A no-op under ``spawn``."""
         if self._ctx.get_start_method() == "forkserver":
-            import multiprocessing.forkserver as fs
+            from auturi.executor.shm.forkservers import start_env_server, start_torch_server
 
-            fs.ensure_running()  # launches the server and returns; it imports while we go on
+            start_env_server(self._env_modules)  # launches the server and returns; it imports while we go on
             if self._torch_process is not None:
-                from auturi.executor.shm.forkservers import start_torch_server
-
                 start_torch_server(self._preload)
             if self._warm is None:
                 self._warm = threading.Event()
@@ -135,12 +132,17 @@ class ShmExecutor(Executor):
         from auturi.executor.shm.forkservers import wait_ready
 
         try:
-            wait_ready(torch=self._torch_process is not None, extra=self._preload)
+            wait_ready(torch=self._torch_process is not None, extra=self._preload, env_extra=self._env_modules)
         except Exception:  # a server that cannot fork: the next reconfigure says why
             pass
         finally:
             assert self._warm is not None
             self._warm.set()
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until the servers :meth:`warm_start` started serve (True), or ``timeout``
+        seconds pass (False). Returns True at once when nothing was started."""
+        return self._warm is None or self._warm.wait(timeout)
 
     @property
     def warming(self) -> bool:
@@ -338,6 +340,18 @@ class ShmExecutor(Executor):
         self._by_role = by_role
         return started
 
+    def _process_class(self, runs_policy: bool) -> tuple[type, tuple[str, ...] | None]:
+        """The process class a worker starts as, and the modules its server preloads (None:
+        the standard forkserver's, or spawn): policy processes from the torch server, env
+        workers from the one for their factories' modules (:class:`EnvProcess`)."""
+        if runs_policy and self._torch_process is not None:
+            return self._torch_process, self._preload
+        if self._env_modules:
+            from auturi.executor.shm.forkservers import EnvProcess
+
+            return EnvProcess, self._env_modules
+        return self._ctx.Process, None
+
     def _start_one(self, i: int, p: ProcessPlan, plan: LayoutPlan, index: dict[str, int], live: dict) -> None:
         ctrl = self._ctrl
         assert ctrl is not None
@@ -357,12 +371,12 @@ class ShmExecutor(Executor):
             # an actor also reads its new plan from it (_replan_actors)
             s.conn, child_conn = self._ctx.Pipe(duplex=p.kind == "actor")
         runs_policy = p.device is not None
-        proc_cls = self._torch_process if runs_policy and self._torch_process is not None else self._ctx.Process
+        proc_cls, preload = self._process_class(runs_policy)
         s.proc = proc_cls(target=worker_main, name=f"auturi: {s.name}", daemon=True,
                           args=(p.kind, i, ctrl.handle, s.start_sem, self._done_sem(p.actor), self._main_sem,
                                 self._payloads, self.spec, self.num_envs, info, child_conn))
-        if proc_cls is self._torch_process:
-            s.proc.preload = self._preload
+        if preload is not None:
+            s.proc.preload = preload
         processes.start_without_main(s.proc)
         ctrl["pid"][i] = s.proc.pid  # named if it is stuck before it starts
         if child_conn is not None:

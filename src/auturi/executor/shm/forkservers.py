@@ -49,15 +49,20 @@ class _ServerModule:
         return getattr(_fs, name)
 
 
+def _server(preload: tuple[str, ...]) -> _fs.ForkServer:
+    """The server preloading ``preload`` (one per distinct list, started on first use)."""
+    with _lock:
+        server = _servers.get(preload)
+        if server is None:
+            server = _servers[preload] = _fs.ForkServer()
+            server.set_forkserver_preload(list(preload))
+        return server
+
+
 def _torch_server(extra: tuple[str, ...] = ()) -> _fs.ForkServer:
     """The server preloading torch and ``extra`` (a policy's ``preload_modules``, e.g. RLlib,
-    whose import cost seconds per replica): one per distinct set, started on first use."""
-    with _lock:
-        server = _servers.get(extra)
-        if server is None:
-            server = _servers[extra] = _fs.ForkServer()
-            server.set_forkserver_preload(_PRELOAD_TORCH + list(extra))
-        return server
+    whose import cost seconds per replica, and the env factories' modules: actors step envs)."""
+    return _server(tuple(_PRELOAD_TORCH) + tuple(extra))
 
 
 def preload_key(policy: Any) -> tuple[str, ...]:
@@ -82,10 +87,11 @@ def _install_launch() -> None:
                                              launch.__defaults__, launch.__closure__)
 
 
-class TorchProcess(ForkServerProcess):
-    """A forkserver process started from a torch forkserver (module-level: the process
-    object is pickled to the server). ``preload`` picks the server: torch plus those modules."""
+class PreloadedProcess(ForkServerProcess):
+    """A forkserver process started from one of our servers (module-level: the process
+    object is pickled to the server): the one preloading ``BASE`` plus ``preload``."""
 
+    BASE: tuple[str, ...] = ()
     preload: tuple[str, ...] = ()
 
     @staticmethod
@@ -93,15 +99,41 @@ class TorchProcess(ForkServerProcess):
         if not hasattr(_TorchPopen, "_auturi_ready"):
             _install_launch()
             _TorchPopen._auturi_ready = True  # type: ignore[attr-defined]
-        _target.server = _torch_server(tuple(getattr(process_obj, "preload", ())))
+        _target.server = _server(type(process_obj).BASE + tuple(getattr(process_obj, "preload", ())))
         try:
             return _TorchPopen(process_obj)  # _launch runs now, in this thread
         finally:
             _target.server = None
 
 
+class TorchProcess(PreloadedProcess):
+    """A policy process: forked from the server with torch (and ``preload``) imported."""
+
+    BASE = tuple(_PRELOAD_TORCH)
+
+
 ENV_PRELOAD = ["auturi.executor.shm.preload"]
 """What the standard forkserver (env workers) preloads: the ``shm`` backend sets the same."""
+
+
+class EnvProcess(PreloadedProcess):
+    """An env worker whose env factories name modules of their own (``preload``: SB3's
+    ``Monitor``, the module defining the env): forked from a server that imported them with
+    :data:`ENV_PRELOAD`, one server per set, so another executor's workers stay as they were
+    (torch-free where their envs are). Env workers with nothing of their own use the standard
+    forkserver."""
+
+    BASE = tuple(ENV_PRELOAD)
+
+
+def start_env_server(extra: tuple[str, ...] = ()) -> None:
+    """Start the env workers' server for factories naming ``extra`` (the standard forkserver
+    when none); it imports while the caller goes on."""
+    if extra:
+        _server(tuple(ENV_PRELOAD) + tuple(extra)).ensure_running()
+    else:
+        _mp.get_context("forkserver").set_forkserver_preload(ENV_PRELOAD)
+        _fs.ensure_running()
 
 
 def modules_to_preload(obj: Any) -> tuple[str, ...]:
@@ -122,17 +154,12 @@ def modules_to_preload(obj: Any) -> tuple[str, ...]:
         _Recorder(io.BytesIO(cloudpickle.dumps(obj))).load()
     except Exception:  # an object that does not round-trip: its workers say why when they start
         return ()
-    skip = ("builtins", "__main__", "copyreg", "_codecs", "cloudpickle")  # every worker has these
-    return tuple(m for m in found if m.split(".")[0] not in skip)
+    return tuple(m for m in found if m.split(".")[0] not in _EVERY_WORKER_HAS)
 
 
-def prepare_env_server(modules: tuple[str, ...]) -> None:
-    """Have the env workers' forkserver preload ``modules`` besides :data:`ENV_PRELOAD`, so
-    each fork starts with them imported. Only before that server starts (its preloads are fixed
-    then): a later executor's workers import what they need themselves."""
-    if _fs._forkserver._forkserver_pid is None:
-        _mp.get_context("forkserver").set_forkserver_preload(ENV_PRELOAD + [m for m in modules
-                                                                            if m not in ENV_PRELOAD])
+_EVERY_WORKER_HAS = ("builtins", "__main__", "copyreg", "_codecs", "cloudpickle", "auturi", "numpy", "gymnasium")
+"""Top-level packages every worker has imported (:data:`ENV_PRELOAD` imports them, or they
+are cheap submodules of them): factories naming only these keep the standard forkserver."""
 
 
 def _noop() -> None:
@@ -142,21 +169,25 @@ def _noop() -> None:
 def start_servers(torch: bool = True, extra: tuple[str, ...] = ()) -> None:
     """Start the env forkserver and, with ``torch``, the torch one preloading ``extra``;
     both import in the background. Only under the ``forkserver`` start method."""
-    ctx = _mp.get_context("forkserver")
-    ctx.set_forkserver_preload(ENV_PRELOAD)
-    _fs.ensure_running()
+    start_env_server()
     if torch:
         start_torch_server(extra)
 
 
-def wait_ready(torch: bool = True, extra: tuple[str, ...] = ()) -> float:
+def wait_ready(torch: bool = True, extra: tuple[str, ...] = (), env_extra: tuple[str, ...] = ()) -> float:
     """Block until the servers :func:`start_servers` started have finished their imports
     (a server answers a fork request only then): one no-op process is forked from each and
-    joined. Returns the seconds waited."""
+    joined (the env server: the one for factories naming ``env_extra``, see
+    :class:`EnvProcess`). Returns the seconds waited."""
     from auturi.executor.shm.processes import start_without_main  # the child need not import __main__
 
     t0 = time.perf_counter()
-    procs: list[Any] = [_mp.get_context("forkserver").Process(target=_noop, daemon=True)]
+    if env_extra:
+        ep = EnvProcess(target=_noop, daemon=True)
+        ep.preload = env_extra  # type: ignore[attr-defined]
+        procs: list[Any] = [ep]
+    else:
+        procs = [_mp.get_context("forkserver").Process(target=_noop, daemon=True)]
     if torch:
         tp = TorchProcess(target=_noop, daemon=True)
         tp.preload = extra  # type: ignore[attr-defined]
