@@ -160,6 +160,32 @@ def test_num_steps_change_weight_update_and_reconfigure_across_nodes():
     assert (after.extras["values"] > 1e5).all()  # the new actors start with the current weights
 
 
+def test_a_reconfigure_that_keeps_each_actors_envs_and_bundle_keeps_the_ray_actors():
+    """policy_batch_size 1 -> 2 changes no actor's envs nor bundle: the Ray actors (and the
+    processes inside them) stay, their own executors reconfigure in place, the episodes go on
+    and the data equals the serial run's across it; ``last_reconfigure`` says so. A degree
+    change (bigger bundles) then restarts every actor: Ray cannot resize a bundle under a
+    running actor."""
+    env_fn = counting(max_len=50)
+    first = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+    ref = run("serial", Config.serial(N), env_fn=env_fn, steps=(5, 7))
+    with ray_executor(env_fn, first) as ex:
+        got = [ex.collect(5)]
+        pids, inside = ex.actor_pids, track(ex)
+        ex.reconfigure(first.replace(policy_batch_size=2))
+        assert ex.actor_pids == pids and track(ex) == inside
+        assert ex.last_reconfigure["kept"] == ex.config.num_processes == 8
+        assert ex.last_reconfigure["started"] == ex.last_reconfigure["ended"] == 0
+        assert ex.last_reconfigure["recreated"] == 0
+        got.append(ex.collect(7))
+        ex.reconfigure(Config(num_actors=2, envs_per_actor=2, policies_per_actor=2, policy_batch_size=1))
+        track(ex)
+        assert not set(ex.actor_pids) & set(pids)
+        assert ex.last_reconfigure["kept"] == 0 and ex.last_reconfigure["ended"] == 8
+        assert ex.last_reconfigure["started"] == 6 and ex.last_reconfigure["recreated"] == N
+    assert_same(got, ref)
+
+
 # ------------------------------------------------------------------------------ faults
 def test_killing_a_ray_actor_mid_collect_is_a_worker_error_and_leaves_nothing(tmp_path):
     """Env 1 blocks in actor 0's env worker, env 2 in actor 1's own process; actor 1 is

@@ -29,6 +29,14 @@ class SliceExecutor(ShmExecutor):
             self._generation = self._first_generation - 1  # the first layout adds one
         super()._apply_config(config)
 
+    def reconfigure_at(self, config: Config, generation: int) -> dict[str, Any]:
+        """:meth:`reconfigure` to ``config``, envs it recreates made from env generation
+        ``generation`` on (the whole collection's: another actor may have recreated envs since
+        this one last did); returns ``last_reconfigure`` and the generation it ends at."""
+        self._generation = generation
+        self.reconfigure(config)
+        return {**self.last_reconfigure, "generation": self._generation}
+
     def kill_workers(self) -> None:
         """SIGKILL every worker process (from another thread, while a collect may be
         waiting on them: that collect then fails, and the executor closes itself)."""
@@ -80,6 +88,11 @@ class RayActorHost:
     def collect(self, num_steps: int) -> Any:
         assert self.ex is not None
         return self.ex.collect(num_steps)  # on an error it closes itself, then raises
+
+    def reconfigure(self, config: Config, generation: int) -> dict[str, Any]:
+        """Change this actor's own layout in place (the caller kept this Ray actor)."""
+        assert self.ex is not None
+        return self.ex.reconfigure_at(config, generation)
 
     def set_policy_state(self, state: dict) -> None:
         assert self.ex is not None

@@ -16,8 +16,13 @@ Layout for a config of ``A`` actors of ``E`` envs:
   indices (``Executor.env_id_offset``), so the data equals the serial backend's bit for bit.
 - Weights: ``set_policy_state`` puts the state in the object store once and hands the
   reference to every actor once per update.
-- ``reconfigure`` ends the Ray actors and starts new ones, with the next env generation
-  (fresh seeds, new episodes); ``shm`` keeps what it can, ``ray`` not yet.
+- ``reconfigure``: when every actor keeps its envs and its bundle (e.g. a new
+  ``policy_batch_size``), the Ray actors stay and each reconfigures its own ``shm`` executor
+  in place (processes kept, envs moved live: episodes go on, the data stays the serial
+  run's). Otherwise (other actor counts, processes per actor or device) it ends the Ray
+  actors and starts new ones, with the next env generation (fresh seeds, new episodes):
+  Ray cannot resize a placement-group bundle under a running actor. ``last_reconfigure``
+  counts the Ray actors' own processes with the ones inside them.
 - What each actor asks for and runs (bundle, node config, cores) is the layout plan's
   (:mod:`auturi.executor.layout`).
 
@@ -33,13 +38,17 @@ surfaces as :class:`auturi.WorkerError` naming the actor, its envs, its node and
 (the remote traceback, or Ray's death cause), and the executor closes, as with ``shm``: no
 partial rollout is returned, so no data is silently dropped. Every wait is a loop of short
 ``ray.wait`` calls that also checks the actors' nodes are alive, so nothing hangs on a lost
-node. ``close()`` (also on errors and Ctrl-C) asks idle actors to close their executors (which
+node; an actor whose node is lost fails with a reason naming the node and what to do (an
+actor whose socket closed waits, bounded, for the GCS's verdict on its node first). An actor
+dropped by Ray before it ran names the usual cause: this process and the cluster disagree on
+token authentication (``RAY_AUTH_MODE``). ``close()`` (also on errors and Ctrl-C) asks idle actors to close their executors (which
 ends their processes and unlinks their shared memory), then kills every Ray actor; a busy actor
 is killed at once, and its processes end by themselves (each watches its parent) and its
 segments are unlinked by its resource tracker.
 
-Modules by role: ``ray_cluster`` (resources, connection), ``ray_actor`` (the Ray actor's
-body), ``ray_sweep`` (clean-up after dead actors), ``ray_executor`` (:class:`RayExecutor`);
+Modules by role: ``ray_cluster`` (resources, connection, lost nodes), ``ray_actor`` (the Ray
+actor's body), ``ray_sweep`` (clean-up after dead actors), ``ray_watch`` (``worker_timeout``),
+``ray_executor`` (:class:`RayExecutor`);
 this module re-exports their public names.
 """
 from __future__ import annotations

@@ -31,57 +31,13 @@ from auturi.executor.ray_cluster import (
     with_extra,
 )
 from auturi.executor.ray_sweep import CLOSE_SECONDS, _settle, _sweeper, sweep_segments
+from auturi.executor.ray_watch import PROBE_SECONDS, ProgressWatch  # noqa: F401 - re-exported
 from auturi.executor.shm.channel import DUMP_SECONDS, process_stack, stuck_reason
 
 POLL_SECONDS = 0.2
 """Longest single ``ray.wait``; between them the caller may be interrupted."""
 LIVENESS_SECONDS = 2.0
 """How often a long wait checks that the nodes of the actors it waits for are alive."""
-PROBE_SECONDS = 0.5
-"""How often a collect asks each busy actor for its progress (``worker_timeout``)."""
-
-
-
-class _ProgressWatch:
-    """``worker_timeout`` for Ray actors during a collect or weight update: every
-    ``PROBE_SECONDS`` each busy actor is asked for its progress word (``RayActorHost.progress``,
-    in its ``control`` thread); an actor whose word has not moved, or that has not answered, for
-    ``worker_timeout`` seconds is stuck. An actor waiting on a stuck worker of its own keeps
-    moving its word and reports that worker itself, so the innermost stuck process is named."""
-
-    def __init__(self, ex: "RayExecutor", t0: float):
-        self.ex, self.t0 = ex, t0
-        self.probes: dict[int, Any] = {}
-        self.seen: dict[int, int] = {}
-        self.since: dict[int, float] = {}
-        self.asked = 0.0
-
-    def check(self, indices: list[int], now: float) -> None:
-        import ray
-
-        if self.probes:
-            ready, _ = ray.wait(list(self.probes.values()), num_returns=len(self.probes), timeout=0)
-            for i, ref in list(self.probes.items()):
-                if ref in ready:
-                    del self.probes[i]
-                    try:
-                        value = ray.get(ref)
-                    except Exception:  # a dead actor: its own call fails and says why
-                        continue
-                    if value != self.seen.get(i):
-                        self.seen[i], self.since[i] = value, now
-        for i in indices:
-            idle = now - self.since.setdefault(i, self.t0)
-            if idle > self.ex.worker_timeout:
-                self.ex._probes = list(self.probes.values())
-                raise self.ex._stuck(self.ex._actors[i], idle)
-        if now - self.asked >= PROBE_SECONDS:
-            self.asked = now
-            for i in indices:
-                if i not in self.probes:
-                    handle = self.ex._actors[i].handle
-                    self.probes[i] = handle.progress.options(concurrency_group="control").remote()
-        self.ex._probes = list(self.probes.values())
 
 
 @dataclass
@@ -180,11 +136,15 @@ class RayExecutor(Executor):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        plan = plan_layout(config, cluster=ray_cluster_resources())
+        self._applying = config
+        if self._keeps_actors(plan):
+            self._reconfigure_in_place(plan)
+            return
         ended = self._plan.num_processes if self._plan is not None and self._actors else 0
         self._close_workers()
         self._generation += 1
-        self._applying = config
-        plan = self._plan = plan_layout(config, cluster=ray_cluster_resources())
+        self._plan = plan
         # every Ray actor restarts and every env is made anew (a new generation's seeds)
         self._counts = {"ended": ended, "started": plan.num_processes,
                         "recreated": self.num_envs if self._steps_done else 0}
@@ -218,6 +178,31 @@ class RayExecutor(Executor):
                                                    a.envs[0], self._generation, self._steps_done, self._weights_ref,
                                                    cores[a.index], self.worker_timeout)
                     for a in self._actors}, self._start_timeout)
+
+    def _keeps_actors(self, plan: Any) -> bool:
+        """Whether every running Ray actor keeps its role in ``plan`` (the layout diff's: same
+        envs, device, threads) and its bundle. All or none: the actors share one placement
+        group, and Ray cannot resize a bundle under a running actor (a change of processes per
+        actor or of GPU restarts them all)."""
+        old = self._plan
+        if old is None or not self._actors or len(old.actors) != len(plan.actors):
+            return False
+        kept = {n.actor for o, n in old.diff(plan).kept if n.kind == "actor" and o.actor == n.actor}
+        return all(n.index in kept and with_extra(o.ray.bundle, self._extra) == with_extra(n.ray.bundle, self._extra)
+                   for o, n in zip(old.actors, plan.actors))
+
+    def _reconfigure_in_place(self, plan: Any) -> None:
+        """Each kept Ray actor reconfigures its own executor to its new node config (which
+        keeps its processes and moves its envs live, as ``shm`` does); envs one recreates are
+        seeded from this executor's generation, so every actor stays on the whole's."""
+        done = self._wait({a.index: a.handle.reconfigure.remote(plan.actors[a.index].ray.node_config,
+                                                                self._generation)
+                           for a in self._actors}, self._start_timeout)
+        self._plan = plan
+        self._generation = max(d["generation"] for d in done.values())
+        counts = {k: sum(int(d[k]) for d in done.values()) for k in ("kept", "started", "ended", "moved", "recreated")}
+        counts["kept"] += len(self._actors)  # the Ray actors' own processes
+        self._counts = counts
 
     # ------------------------------------------------------------------ collect
     def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
@@ -269,7 +254,7 @@ class RayExecutor(Executor):
         self._inflight = dict(refs)
         out: dict[int, Any] = {}
         t0 = checked = time.monotonic()
-        watch = _ProgressWatch(self, t0) if timeout is None else None
+        watch = ProgressWatch(self, t0) if timeout is None else None
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
             for ref in ready:
