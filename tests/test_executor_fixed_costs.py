@@ -1,0 +1,76 @@
+"""The executor's fixed costs per collect (issue 16: off-policy collects are often one row):
+the per-env noise streams are built without ``default_rng`` but must stay its exact bits,
+and a short collect does not pin the caller's thread (two affinity syscalls and a migration
+per collect, for a benefit that is per row)."""
+from __future__ import annotations
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import auturi
+from auturi.envs import CountingEnv
+from auturi.executor.base import fill_noise
+from auturi.executor.shm import worker
+
+
+def _reference(rows: int, n: int, k: int, seed: int, first: int, step: int) -> np.ndarray:
+    out = np.zeros((rows, n, k), np.float32)
+    for i in range(n):
+        out[:, i] = np.random.default_rng([seed, first + i, step]).random((rows, k), dtype=np.float32)
+    return out
+
+
+@pytest.mark.parametrize("seed,first,step", [
+    (0, 0, 0), (3, 5, 12345), (2**32 - 1, 0, 2**32 - 1),  # the fast path's edges
+    (2**32, 0, 7), (5, 2**32 - 2, 1), (1, 2, 2**32), (2**40 + 3, 7, 2**33 + 1),  # words >= 2**32: default_rng
+])
+@pytest.mark.parametrize("rows,n,k", [(1, 8, 12), (5, 3, 1), (64, 2, 7)])
+def test_noise_streams_are_default_rngs_bits(seed, first, step, rows, n, k):
+    got = np.full((rows, n, k), np.nan, np.float32)
+    fill_noise(got, seed, first, step)
+    np.testing.assert_array_equal(got, _reference(rows, n, k, seed, first, step))
+
+
+def test_collects_draw_each_envs_stream_from_its_global_index_and_step():
+    """Through a collect: env ``offset + i``'s noise at collect start ``s`` (the contract's
+    key), for two collects of different lengths (the second starts at ``s = 3``)."""
+    policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    with auturi.make_executor(CountingEnv, policy, num_envs=3, backend="serial", seed=11) as ex:
+        ex.env_id_offset = 4  # as a Ray actor's slice of a larger collection sets it
+        ex.collect(3)
+        noise = ex._block["noise"]
+        ex.collect(2)
+        np.testing.assert_array_equal(ex._block["noise"], _reference(2, 3, noise.shape[2], 11, 4, 3))
+
+
+@pytest.fixture
+def affinity_calls(monkeypatch):
+    calls: list = []
+    real = os.sched_setaffinity
+
+    def record(pid, cpus):
+        calls.append(set(cpus))
+        real(pid, cpus)
+
+    monkeypatch.setattr(os, "sched_setaffinity", record)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux and two usable cores")
+def test_short_collects_leave_the_callers_thread_unpinned(affinity_calls):
+    policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    config = auturi.Config(envs_per_actor=4, env_parallel_degree=2)
+    with auturi.make_executor(CountingEnv, policy, num_envs=4, backend="shm", config=config) as ex:
+        assert ex._host.pin_cpu is not None  # the plan pins this actor: the rule below is what skips it
+        before = os.sched_getaffinity(0)
+        affinity_calls.clear()
+        ex.collect(1)
+        ex.collect(worker.PIN_MIN_ROWS - 1)
+        assert affinity_calls == []
+        ex.collect(worker.PIN_MIN_ROWS)
+        assert affinity_calls == [{ex._host.pin_cpu}, before]  # pinned for the collect, restored after
+        assert os.sched_getaffinity(0) == before
