@@ -74,3 +74,22 @@ def test_short_collects_leave_the_callers_thread_unpinned(affinity_calls):
         ex.collect(worker.PIN_MIN_ROWS)
         assert affinity_calls == [{ex._host.pin_cpu}, before]  # pinned for the collect, restored after
         assert os.sched_getaffinity(0) == before
+
+
+def test_weights_block_rewrites_values_in_place_and_relayouts_on_new_shapes():
+    """Off-policy training publishes weights every collect: the same names and shapes reuse
+    the block (values rewritten, layout head kept), anything else gets a new layout."""
+    from auturi.executor.buffers import WeightsBlock
+
+    first = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(4.0)[::2]}
+    block = WeightsBlock.write(first, None)
+    try:
+        again = WeightsBlock.write({k: v * 2 for k, v in first.items()}, block)
+        assert again is block
+        got = WeightsBlock.read(block.name)
+        assert list(got) == ["w", "b"] and all(np.array_equal(got[k], first[k] * 2) for k in first)
+        block = WeightsBlock.write({"w": np.ones((3, 3), np.float64)}, again)
+        got = WeightsBlock.read(block.name)
+        assert list(got) == ["w"] and got["w"].dtype == np.float64 and got["w"].shape == (3, 3)
+    finally:
+        block.close()

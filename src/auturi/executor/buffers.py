@@ -106,8 +106,14 @@ class WeightsBlock:
 
     @staticmethod
     def write(state: dict[str, np.ndarray], old: ArrayBlock | None) -> ArrayBlock:
-        arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
+        arrays = {k: np.asarray(v) for k, v in state.items()}
         specs = [(k, v.shape, v.dtype) for k, v in arrays.items()]
+        if old is not None and getattr(old, "weights_specs", None) == specs:
+            # The same names, shapes and dtypes as last time (every collect of off-policy
+            # training): the layout and its pickled head stand, only the values change.
+            for k, v in arrays.items():
+                old.arrays[k][...] = v
+            return old
         layout, _ = make_layout(specs)
         meta = pickle.dumps(layout)
         head = _align(8 + len(meta))
@@ -125,6 +131,7 @@ class WeightsBlock:
         del raw
         for k, v in arrays.items():
             block.arrays[k][...] = v
+        block.weights_specs = specs  # type: ignore[attr-defined]
         return block
 
     @staticmethod
