@@ -330,6 +330,30 @@ def test_a_second_cluster_address_in_one_process_is_refused():
                       address="127.0.0.1:1")
 
 
+def test_a_cluster_refusing_our_credentials_says_token_auth_and_the_fix(monkeypatch):
+    """What ray.init raises, after ~20 s of retries, for a driver without token auth against
+    a `ray start` cluster with it (seen on a real cluster: a ConnectionError whose cause
+    carries InvalidAuthToken): the error names the cause and both fixes, not `ray start`."""
+    from auturi.executor import ray_cluster
+
+    def refused(**kwargs):
+        try:
+            raise RuntimeError("Failed to connect to GCS. ray.exceptions.AuthenticationError: RPC error: "
+                               "InvalidAuthToken: Authentication token is missing or incorrect.")
+        except RuntimeError as exc:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from exc
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refused)
+    monkeypatch.setattr(ray_cluster, "_check_reachable", lambda address: None)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    with pytest.raises(AuturiError) as e:
+        ray_cluster.connect("10.0.0.1:6379")
+    msg = str(e.value)
+    assert "address='10.0.0.1:6379' refused this process's credentials" in msg and "RAY_AUTH_MODE here: unset" in msg
+    assert "RAY_AUTH_MODE=token" in msg and "RAY_AUTH_MODE=disabled" in msg and "ray start --head" not in msg
+
+
 CONNECT_SCRIPT = textwrap.dedent("""
     import os, ray
     from auturi import AuturiError, Config, make_executor

@@ -49,11 +49,28 @@ def connect(address: str | None) -> bool:
                 return True
             ray.init(address=target, **quiet)
         except Exception as exc:
-            raise AuturiError(
-                f"cannot connect to a Ray cluster at address={target!r}: {type(exc).__name__}: {exc}\n"
-                f"  Start one on the head node with `ray start --head` (then address='auto' or "
-                f"'HOST:6379'), or pass address=None (and unset RAY_ADDRESS) for a local Ray instance.") from exc
+            raise AuturiError(_connect_failure(target, exc)) from exc
         return False
+
+
+def _connect_failure(target: str | None, exc: BaseException) -> str:
+    """What went wrong connecting to ``target``, and the fix."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < 8:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if any(type(e).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(e) for e in chain):
+        # Ray's own error says only "Failed to connect", after ~20 s of retries.
+        return (f"the Ray cluster at address={target!r} refused this process's credentials: it uses token "
+                f"authentication and this process does not, or has another token (RAY_AUTH_MODE here: "
+                f"{os.environ.get('RAY_AUTH_MODE', 'unset')}; `ray start` turns token mode on when ~/.ray/auth_token "
+                f"exists, a driver given an explicit address never does).\n  Set RAY_AUTH_MODE=token here with the "
+                f"cluster's token (~/.ray/auth_token or RAY_AUTH_TOKEN), or start every node of the cluster with "
+                f"RAY_AUTH_MODE=disabled.")
+    return (f"cannot connect to a Ray cluster at address={target!r}: {type(exc).__name__}: {exc}\n"
+            f"  Start one on the head node with `ray start --head` (then address='auto' or "
+            f"'HOST:6379'), or pass address=None (and unset RAY_ADDRESS) for a local Ray instance.")
 
 
 def _canonical(address: str) -> str | None:
