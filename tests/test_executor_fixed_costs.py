@@ -63,8 +63,8 @@ def affinity_calls(monkeypatch):
                     reason="pinning needs Linux and two usable cores")
 def test_short_collects_leave_the_callers_thread_unpinned(affinity_calls):
     policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
-    config = auturi.Config(envs_per_actor=4, env_parallel_degree=2)
-    with auturi.make_executor(CountingEnv, policy, num_envs=4, backend="shm", config=config) as ex:
+    config = auturi.Config(envs_per_actor=6, env_parallel_degree=3)  # the actor and two env workers
+    with auturi.make_executor(CountingEnv, policy, num_envs=6, backend="shm", config=config) as ex:
         assert ex._host.pin_cpu is not None  # the plan pins this actor: the rule below is what skips it
         before = os.sched_getaffinity(0)
         affinity_calls.clear()
@@ -93,3 +93,15 @@ def test_weights_block_rewrites_values_in_place_and_relayouts_on_new_shapes():
         assert list(got) == ["w"] and got["w"].dtype == np.float64 and got["w"].shape == (3, 3)
     finally:
         block.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux and two usable cores")
+def test_an_actor_with_one_env_worker_leaves_the_callers_thread_unpinned(affinity_calls):
+    policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
+    config = auturi.Config(envs_per_actor=4, env_parallel_degree=2)
+    with auturi.make_executor(CountingEnv, policy, num_envs=4, backend="shm", config=config) as ex:
+        assert ex._host.pin_cpu is not None
+        affinity_calls.clear()
+        ex.collect(4 * worker.PIN_MIN_ROWS)
+        assert affinity_calls == []

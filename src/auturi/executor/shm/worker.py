@@ -74,7 +74,16 @@ syscalls per collect and a migration when the thread sits on another core: ~10 u
 median but 150-500 us on average on this 2-core VM under load (the migration waits for the
 target core), while what it saves is per row. For off-policy ``train_freq=1`` collects (one
 row) the pin was most of the parallel layouts' overhead: 8 HalfCheetahs on degree 2, 5
-interleaved rounds at load 4, 4,481 us per 1-step collect pinned against 2,609 unpinned."""
+interleaved rounds at load 4, 4,481 us per 1-step collect pinned against 2,609 unpinned.
+
+An actor with a single env worker is never pinned either: the caller and its one worker are
+two runnable threads the scheduler places on two cores by itself, and a pinned caller could
+not leave a core another program (or the learner's threads) took: interleaved at load ~4,
+degree 2 on 8 HalfCheetahs ran 1,878 us a row pinned against 775 unpinned (64-row collects),
+and one-env-per-context CartPole at N = 2 0.40-0.62x the bare prototype pinned against
+0.50-0.91x unpinned in 6 runs; in a later, calmer run both measured the same (438 vs 430 us a row). With
+several workers a core the pin still pays (CartPole N = 16 and 32: 1.14x the prototype
+pinned, 0.93x and 1.07x unpinned)."""
 
 
 class ActorHost:
@@ -132,7 +141,7 @@ class ActorHost:
     """In the caller's process: the core this thread keeps during a collect (see collect)."""
 
     def collect(self, num_steps: int) -> None:
-        if self.pin_cpu is None or num_steps < PIN_MIN_ROWS:
+        if self.pin_cpu is None or num_steps < PIN_MIN_ROWS or len(self.remote_env_lanes) < 2:
             return self._collect(num_steps)
         # The actor thread and its env workers on different cores. Unpinned, a woken worker
         # preempted the actor on the actor's own core and the pair ran one after the other
