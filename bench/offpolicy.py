@@ -97,8 +97,8 @@ class _Sb3Step:
     """Plain SB3's share of one ``train_freq=1`` step: ``predict`` on the last observations
     (SAC's ``_sample_action`` after ``learning_starts``) and ``env.step``."""
 
-    def __init__(self, env_id: str, n_envs: int, kind: str):
-        self.model = make_model("sac", env_id, n_envs, 0, kind, tiny=True)
+    def __init__(self, env_id: str, n_envs: int, kind: str, tiny: bool = False):
+        self.model = make_model("sac", env_id, n_envs, 0, kind, tiny)
         self.obs = self.model.env.reset()
 
     def __call__(self) -> None:
@@ -112,10 +112,10 @@ class _Sb3Step:
 class _Collect1:
     """``executor.collect(1)`` of a wrapped SAC under ``config``."""
 
-    def __init__(self, env_id: str, n_envs: int, config):
+    def __init__(self, env_id: str, n_envs: int, config, tiny: bool = False):
         import auturi
 
-        self.model = auturi.wrap(make_model("sac", env_id, n_envs, 0, "dummy", tiny=True), config=config)
+        self.model = auturi.wrap(make_model("sac", env_id, n_envs, 0, "dummy", tiny), config=config)
         self.ex = self.model.auturi.executor
         self.ex.set_policy_state(self.model.auturi.state(self.model))
 
@@ -143,20 +143,21 @@ def _timed(step, collects: int) -> float:
     return statistics.median(us)
 
 
-def per_collect(env_id: str, n_envs: int, collects: int, rounds: int, layouts=None) -> dict:
+def per_collect(env_id: str, n_envs: int, collects: int, rounds: int, layouts=None, tiny: bool = False) -> dict:
     """Microseconds per 1-step collect (what a ``train_freq=1`` step costs before training):
     the wrapped SAC's executor under each layout of ``layouts`` (name -> Config JSON, ``N``
     standing for ``n_envs``; default :data:`PER_COLLECT_LAYOUTS`) beside plain SB3's
     ``predict`` + ``step`` on ``DummyVecEnv`` and ``SubprocVecEnv``, all built first and then
-    measured in ``rounds`` interleaved rounds of ``collects`` calls (each sample a median)."""
+    measured in ``rounds`` interleaved rounds of ``collects`` calls (each sample a median).
+    SAC's default MLP (256x256) unless ``tiny`` (32x32, for smoke runs)."""
     import auturi
     from bench.common import interleave
 
-    makers = {"sb3_dummy": lambda: _Sb3Step(env_id, n_envs, "dummy"),
-              "sb3_subproc": lambda: _Sb3Step(env_id, n_envs, "subproc")}
+    makers = {"sb3_dummy": lambda: _Sb3Step(env_id, n_envs, "dummy", tiny),
+              "sb3_subproc": lambda: _Sb3Step(env_id, n_envs, "subproc", tiny)}
     for name, text in (layouts or PER_COLLECT_LAYOUTS).items():
         config = auturi.Config.from_json(text.replace("N/2", str(n_envs // 2)).replace("N", str(n_envs)))
-        makers[name] = lambda config=config: _Collect1(env_id, n_envs, config)
+        makers[name] = lambda config=config: _Collect1(env_id, n_envs, config, tiny)
     runners: dict = {}
     try:
         for name, make in makers.items():
@@ -213,7 +214,7 @@ def main(argv=None) -> dict:
            "mujoco_env": mujoco, "e2e": [], "parity": [], "collect_us": None}
     print(out["machine"], f"MuJoCo env: {mujoco}", sep="\n", flush=True)
     if args.per_collect:
-        out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds)
+        out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
         print_per_collect(out["collect_us"])
         return _save(out, args.out.replace(".json", "_per_collect.json"))
     workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", "CartPole-v1", args.n_envs)]
@@ -231,7 +232,7 @@ def main(argv=None) -> dict:
                                args.tiny)
                 out["parity"].append(r)
                 print(f"parity {algo} {env_id} {kind:6s} seed {100 + seed}: return {r['return']:8.1f}", flush=True)
-    out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds)
+    out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
     print_per_collect(out["collect_us"])
     out["summary"] = _summary(out["e2e"])
     print(json.dumps(out["summary"], indent=1))
