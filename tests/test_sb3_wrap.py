@@ -492,6 +492,10 @@ def test_online_tuner_logs_choice(one_thread, tmp_path, monkeypatch):
              tuner_options={"space": space, "min_samples": 2, "max_samples": 2, "cache": False, "drop_patience": 10_000,
                             "min_sample_seconds": 0},
              status_port=0 if HAVE_SERVER else None)
+    # The worker servers serve before learn (on a busy box their imports outlast these 10
+    # rollouts, and the trial that needs them would wait past the end).
+    model.auturi.executor.warm_start()
+    assert model.auturi.executor.wait_warm(timeout=120)
     try:
         model.learn(16 * 2 * 10)
         tuner = model.auturi.tuner

@@ -274,6 +274,11 @@ def config_distance(a: Config, b: Config) -> float:
     return d
 
 
+_FITTED = ("ipc_seconds", "contention", "env_overhead_seconds", "collect_seconds", "actor_collect_seconds",
+           "env_worker_collect_seconds", "replica_collect_seconds", "cross_node_seconds", "network_bytes_per_second")
+"""The profile's costs :func:`fit_overheads` refits: what the record shows of the fit."""
+
+
 class ModelStrategy(Strategy):
     """Predict every config with the analytic model, measure the promising few.
 
@@ -340,7 +345,11 @@ class ModelStrategy(Strategy):
             kw.setdefault("batch_sizes", space.values("policy_batch_size"))
             kw.setdefault("devices", space.values("policy_device"))
             kw.setdefault("cores", space.cores)
+            if num_steps:
+                kw.setdefault("num_steps", num_steps)  # the model prices each collect's fixed costs
             self.profile = profile_executor(executor, **kw)
+        elif num_steps and not getattr(self.profile, "num_steps", 0):
+            self.profile = self.profile.replace(num_steps=num_steps)
         self.fitted = self.profile
         self._refresh({})
 
@@ -466,8 +475,8 @@ class ModelStrategy(Strategy):
                 "refine_window": self.refine_window, "max_refine": self.max_refine, "kappa": self.kappa,
                 "model_error": self.model_error,
                 "profile": self.profile.to_dict() if self.profile else None,
-                "fitted": {"ipc_seconds": self.fitted.ipc_seconds, "contention": self.fitted.contention,
-                           "env_overhead_seconds": self.fitted.env_overhead_seconds} if self.fitted else None}
+                "fitted": {k: getattr(self.fitted, k) for k in _FITTED if hasattr(self.fitted, k)}
+                if self.fitted else None}
 
 
 STRATEGIES = {"grid": GridStrategy, "optuna": OptunaStrategy, "model": ModelStrategy}
