@@ -105,19 +105,23 @@ def measure(kind: type, workload: Any, n: int, num_envs: int, steps: int, repeat
     return {"steps_per_s": med, "spread": spread, "samples": rates, "nodes": nodes}
 
 
-def connect(address: str | None, max_actors: int) -> None:
+def connect(address: str | None, max_actors: int) -> bool:
     """Join the cluster at ``address`` (shipping ``bench`` to its workers) or start a local
-    instance with one logical CPU per actor of the largest setting."""
+    instance with one logical CPU per actor of the largest setting; nothing when this process
+    is connected already. True when this call connected to ``address`` (then disconnect)."""
     import ray
 
     from bench import rllib_peer
 
+    if ray.is_initialized():
+        return False
     if address is None:
         rllib_peer.ensure_ray(max_actors)
-        return
+        return False
     bench_dir = os.path.dirname(os.path.abspath(__file__))
     ray.init(address=address, runtime_env={"py_modules": [bench_dir]}, log_to_driver=False,
              logging_level="ERROR")
+    return True
 
 
 def run(workload_name: str, actors: tuple[int, ...], num_envs: int | None, steps: int | None, repeats: int,
@@ -128,7 +132,7 @@ def run(workload_name: str, actors: tuple[int, ...], num_envs: int | None, steps
     if bad:
         raise SystemExit(f"--envs {envs} does not split evenly over {bad} actors: pick a multiple of {max(actors)}")
     steps = steps or workload.num_steps
-    connect(address, max(actors))
+    joined = connect(address, max(actors))
     rows = []
     try:
         for n in actors:
@@ -143,7 +147,7 @@ def run(workload_name: str, actors: tuple[int, ...], num_envs: int | None, steps
         from bench import rllib_peer
 
         rllib_peer.shutdown()
-        if address is not None:
+        if joined:
             ray.shutdown()
     return {"workload": workload.name, "envs": envs, "steps": steps, "repeats": repeats, "address": address,
             "machine": machine_header(), "rows": rows}

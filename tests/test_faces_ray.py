@@ -183,3 +183,18 @@ def test_faces_refuse_an_address_without_the_ray_backend():
         auturi.wrap(PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2), n_steps=8), address="auto")
     with pytest.raises(ValueError, match="needs backend='ray'"):
         auturi.wrap(ppo(), backend="shm", address="auto")
+
+
+# ------------------------------------------------------------------------------ bench
+def test_the_scaling_study_runs_on_the_cluster():
+    """bench/ray_scaling.py on this cluster (the process is connected already), two actors
+    only: both sides sample every env, and Auturi's actors spread over both nodes."""
+    from bench import ray_scaling
+
+    out = ray_scaling.run("cartpole", (2,), num_envs=4, steps=8, repeats=1, address=None)
+    row = out["rows"][0]
+    assert row["actors"] == 2 and row["envs_per_actor"] == 2
+    assert row["auturi"]["steps_per_s"] > 0 and row["rllib"]["steps_per_s"] > 0
+    assert row["auturi"]["nodes"] == 2
+    assert ray.is_initialized()  # the module's connection is left as it was
+
