@@ -137,7 +137,9 @@ class Executor(abc.ABC):
         their new process (when ``envs_movable``), so their next observation is the one they
         would have given anyway. An env that cannot move is recreated with a new seed and its
         next observation starts a new episode (``episode_starts`` True at row 0 without a
-        done before it); ``ray`` recreates every env. ``last_reconfigure`` reports
+        done before it); ``ray`` keeps its Ray actors when every actor keeps its envs and
+        bundle (a batch change) and moves envs live inside them, else restarts them with new
+        envs. ``last_reconfigure`` reports
         ``{"seconds", "kept", "started", "ended", "moved", "recreated"}``: worker processes
         kept, started and ended, envs moved to another process, envs recreated."""
         self._check_open()
