@@ -132,3 +132,27 @@ def test_errors_for_her_gsde_and_stateful_noise():
               replay_buffer_class=HerReplayBuffer, replay_buffer_kwargs={"n_sampled_goal": 2})
     with pytest.raises(NotImplementedError, match="HerReplayBuffer"):
         wrap_sb3(her)
+
+
+def test_a_replica_takes_every_published_state_also_on_the_fast_path():
+    """Loading the same names again copies the values in place (no load_state_dict per
+    collect): each load must still land, and a changed shape or a move must not use stale tensors."""
+    import torch
+
+    model = SAC("MlpPolicy", "Pendulum-v1", device="cpu", policy_kwargs={"net_arch": [8]})
+    wrap_sb3(model, config=Config.serial(1), backend="serial", tune=False)
+    try:
+        adapter = model.auturi.executor.policy
+        for scale in (1.0, 2.0, -3.0):
+            state = {k: (np.asarray(v) * scale).astype(np.asarray(v).dtype) for k, v in adapter.get_state().items()}
+            adapter.load_state(state)
+            got = adapter.get_state()
+            assert got.keys() == state.keys()
+            for k in state:
+                np.testing.assert_array_equal(got[k], state[k])
+        adapter.to("cpu")  # a move drops the cached tensors
+        assert adapter._slots is None
+        adapter.load_state(state)
+        assert all(isinstance(t, torch.Tensor) for t in adapter._slots.values())
+    finally:
+        unwrap_sb3(model)
