@@ -18,6 +18,10 @@ def test_the_modules_a_factory_names_are_found():
     assert "tests.preload_probe" in mods
     assert not any(m.split(".")[0] in ("builtins", "__main__") for m in mods)
     assert modules_to_preload(lambda: None) == ()  # a closure from __main__ travels by value
+    # The standard library and what every worker preloads do not make a server of their own.
+    from auturi.envs import CountingEnv
+
+    assert modules_to_preload(functools.partial(CountingEnv)) == ()
 
 
 def test_env_workers_fork_with_the_factories_modules_imported(tmp_path):

@@ -24,6 +24,7 @@ import multiprocessing as _mp
 import multiprocessing.forkserver as _fs
 import multiprocessing.popen_forkserver as _pf
 import pickle
+import sys
 import threading
 import time
 import types
@@ -157,9 +158,10 @@ def modules_to_preload(obj: Any) -> tuple[str, ...]:
     return tuple(m for m in found if m.split(".")[0] not in _EVERY_WORKER_HAS)
 
 
-_EVERY_WORKER_HAS = ("builtins", "__main__", "copyreg", "_codecs", "cloudpickle", "auturi", "numpy", "gymnasium")
-"""Top-level packages every worker has imported (:data:`ENV_PRELOAD` imports them, or they
-are cheap submodules of them): factories naming only these keep the standard forkserver."""
+_EVERY_WORKER_HAS = frozenset(sys.stdlib_module_names) | {"__main__", "cloudpickle", "auturi", "numpy", "gymnasium"}
+"""Top-level packages every worker has imported or imports cheaply (the standard library;
+:data:`ENV_PRELOAD` imports the rest): factories naming only these (a ``functools.partial`` of
+an auturi or gymnasium env) keep the standard forkserver."""
 
 
 def _noop() -> None:
