@@ -291,3 +291,24 @@ class FakeExecutor:
 
 def const(v: float) -> Callable[[Config], float]:
     return lambda c: v
+
+
+def run_probe_script(tmp_path, source: str) -> tuple[str, dict[str, str]]:
+    """Run ``source`` (a training script; ``sys.argv[1]`` is a directory where its envs write
+    ``<pid>`` probe files, and it prints its own pid last) in a fresh interpreter with the repo
+    on the path; return the caller's probe value and the workers' (pid -> value)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "train_script.py"
+    script.write_text(textwrap.dedent(source))
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script), str(probes)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=root))
+    assert out.returncode == 0, out.stderr
+    main_pid = out.stdout.split()[-1]
+    seen = {p.name: p.read_text() for p in probes.iterdir()}
+    return seen[main_pid], {pid: v for pid, v in seen.items() if pid != main_pid}

@@ -1,14 +1,9 @@
 """Env workers start with the modules their env factories need already imported: the env
 forkserver preloads them (a worker that imported SB3's Monitor itself paid 1.4 s per start)."""
 import functools
-import os
-import subprocess
-import sys
-import textwrap
 
 from auturi.executor.shm.forkservers import modules_to_preload
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import run_probe_script
 
 
 def test_the_modules_a_factory_names_are_found():
@@ -25,8 +20,7 @@ def test_the_modules_a_factory_names_are_found():
 
 
 def test_env_workers_fork_with_the_factories_modules_imported(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    main, workers = run_probe_script(tmp_path, """
         import functools, os, sys
         from auturi import Config, make_executor
         from auturi.policy import RandomPolicy
@@ -39,14 +33,6 @@ def test_env_workers_fork_with_the_factories_modules_imported(tmp_path):
             ex.collect(2)
             ex.close()
             print(os.getpid(), flush=True)
-    """))
-    probes = tmp_path / "probes"
-    probes.mkdir()
-    out = subprocess.run([sys.executable, str(script), str(probes)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=ROOT))
-    assert out.returncode == 0, out.stderr
-    main_pid = out.stdout.split()[-1]
-    seen = {p.name: p.read_text() for p in probes.iterdir()}
-    workers = {pid: v for pid, v in seen.items() if pid != main_pid}
-    assert seen[main_pid] == "1" and len(workers) == 3
+    """)
+    assert main == "1" and len(workers) == 3
     assert set(workers.values()) == {"0"}, workers  # imported by the forkserver, not by each worker

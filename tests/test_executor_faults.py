@@ -17,7 +17,7 @@ import pytest
 from auturi import AuturiError, Config, WorkerError, make_executor
 from auturi.envs import FaultyEnv
 from tests.conftest import our_segments
-from tests.helpers import ObsHashPolicy, RaisingPolicy, SuicideEnv, WorkerOnlyFaultyEnv
+from tests.helpers import ObsHashPolicy, RaisingPolicy, SuicideEnv, WorkerOnlyFaultyEnv, run_probe_script
 
 ENV_IN_WORKER = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
 ENV_IN_ACTOR = Config(num_actors=2, envs_per_actor=2)
@@ -207,8 +207,7 @@ def test_script_without_main_guard_runs_once_and_cleans_up(tmp_path):
 def test_workers_do_not_import_the_callers_main_module(tmp_path):
     """A training script importing heavy modules at the top must not make every env worker
     import them (forkserver and spawn re-import ``__main__`` by default)."""
-    script = tmp_path / "heavy_main.py"
-    script.write_text(textwrap.dedent("""
+    main, workers = run_probe_script(tmp_path, """
         import functools, os, sys
         import xml.dom.minidom  # stands for torch or SB3, imported at the top of a training script
         from auturi import Config, make_executor
@@ -221,17 +220,8 @@ def test_workers_do_not_import_the_callers_main_module(tmp_path):
             ex.collect(2)
             ex.close()
             print(os.getpid(), flush=True)
-    """))
-    probes = tmp_path / "probes"
-    probes.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, str(script), str(probes)], capture_output=True, text=True, timeout=120,
-                         env=env)
-    assert out.returncode == 0, out.stderr
-    main_pid = out.stdout.split()[-1]
-    seen = {p.name: p.read_text() for p in probes.iterdir()}
-    workers = {pid: v for pid, v in seen.items() if pid != main_pid}
-    assert seen[main_pid] == "1" and len(workers) == 3  # the caller steps one share, 3 env workers the rest
+    """)
+    assert main == "1" and len(workers) == 3  # the caller steps one share, 3 env workers the rest
     assert set(workers.values()) == {"0"}, workers
 
 
