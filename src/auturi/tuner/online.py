@@ -524,12 +524,12 @@ class OnlineTuner(_Session):
         return None
 
     # -- does a move pay back before the training ends?
-    def _reconfigure_estimate(self, config: Config) -> float:
+    def _reconfigure_estimate(self, config: Config, started: int | None = None) -> float:
         """Seconds a reconfigure to ``config`` should take: the processes its plan starts times
         what a started process cost in this run's reconfigures so far (a prior of
         ``PROCESS_START_PRIOR`` s before any), plus ``RECONFIGURE_BASE`` s; for an executor that
         does not report what it started, the median of this run's reconfigures."""
-        started = self._started_processes(config)
+        started = self._started_processes(config) if started is None else started
         per = [r["seconds"] / r["executor"]["started"] for r in self.reconfigures
                if r.get("executor", {}).get("started")]
         if per:
@@ -564,8 +564,9 @@ class OnlineTuner(_Session):
         if gain < self.min_gain:
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
         benefit = self.discount() * gain * collect_s * max(0, left - trial_collects)
-        cost = 2 * self._reconfigure_estimate(config) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
-        if not self._warmed and callable(getattr(self.executor, "warm_start", None)) and self._started_processes(config):
+        started = self._started_processes(config)
+        cost = 2 * self._reconfigure_estimate(config, started) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
+        if not self._warmed and callable(getattr(self.executor, "warm_start", None)) and started:
             cost += SERVER_START_PRIOR  # the first trial that starts processes starts their servers too
         if self._search_trials:  # what this run's trials really cost (slow collects included)
             cost = max(cost, self.search_cost / self._search_trials)
