@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
             steps = max(w.n_envs * w.n_steps, int(rate * length) // (w.n_envs * w.n_steps) * (w.n_envs * w.n_steps))
             for seed in range(args.seeds):
                 cache = tempfile.mkdtemp(prefix="auturi-e2e-")
-                for variant in variants:  # alternated: a drift of the machine hits each alike
+                for variant in variant_order(variants, seed):  # alternated, rotated: see variant_order
                     r = _child(["run", name, variant, str(seed), str(steps), choice["config"]],
                                cache if variant in ("fresh", "warm") else tempfile.mkdtemp(prefix="auturi-e2e-"),
                                max(600.0, 20 * length))
@@ -259,8 +260,35 @@ def main(argv: list[str] | None = None) -> dict:
     return out
 
 
+def variant_order(variants: list[str], seed: int) -> list[str]:
+    """The order of one seed's runs: ``variants`` rotated by ``seed``, ``fresh`` and ``warm``
+    one unit (warm reads the cache fresh leaves). Always in one order, the second run of a
+    seed was 3-6% slower than the first on this machine whatever it ran, which a fixed order
+    would charge to one variant."""
+    units: list[list[str]] = []
+    for v in variants:
+        if v == "warm" and units and units[-1] == ["fresh"]:
+            units[-1].append(v)
+        else:
+            units.append([v])
+    k = seed % len(units) if units else 0
+    return [v for unit in units[k:] + units[:k] for v in unit]
+
+
+def paired_ratio(by: dict[str, list[dict]], variant: str) -> dict[str, float] | None:
+    """``variant`` against plain SB3 seed by seed (SB3's seconds / the variant's, the same seed's
+    runs measured next to each other): their geometric mean, lowest and highest."""
+    base = {x["seed"]: x["seconds"] for x in by.get("sb3", [])}
+    ratios = [base[x["seed"]] / x["seconds"] for x in by.get(variant, []) if x["seed"] in base]
+    if not ratios:
+        return None
+    return {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "min": min(ratios),
+            "max": max(ratios), "seeds": len(ratios)}
+
+
 def summarize(runs: list[dict]) -> dict:
-    """Per workload and length: median seconds per variant and its ratio to plain SB3."""
+    """Per workload and length: median seconds per variant, its ratio to plain SB3, and the
+    seed-paired ratio (:func:`paired_ratio`)."""
     summary: dict[str, Any] = {}
     for r in runs:
         key = f"{r['workload']}@{r['length']:.0f}s"
@@ -274,7 +302,8 @@ def summarize(runs: list[dict]) -> dict:
             rets = [x["final_return"] for x in xs if x["final_return"] is not None]
             row[variant] = {"median_seconds": med, "speedup_vs_sb3": base / med,
                             "episodes": statistics.fmean(x["episodes"] for x in xs),
-                            "final_return": statistics.fmean(rets) if rets else None}
+                            "final_return": statistics.fmean(rets) if rets else None,
+                            "paired_vs_sb3": paired_ratio(by, variant)}
         if "fixed" in row and "fresh" in row:
             gain = row["fixed"]["speedup_vs_sb3"] - 1.0
             row["captured_gain"] = (row["fresh"]["speedup_vs_sb3"] - 1.0) / gain if gain > 0.05 else None
@@ -291,8 +320,13 @@ def table(out: dict) -> str:
         def s(v: str) -> str:
             return f"{row[v]['median_seconds']:.1f}" if v in row else "-"
 
-        def x(v: str) -> str:
-            return f"{row[v]['speedup_vs_sb3']:.2f}x" if v in row else "-"
+        def x(v: str) -> str:  # seed-paired geometric mean (lowest-highest seed) where seeds pair up
+            if v not in row:
+                return "-"
+            p = row[v].get("paired_vs_sb3")
+            if not p:
+                return f"{row[v]['speedup_vs_sb3']:.2f}x"
+            return f"{p['geomean']:.2f}x ({p['min']:.2f}-{p['max']:.2f})"
 
         wf = (f"{row['fixed']['median_seconds'] / row['warm']['median_seconds']:.2f}x"
               if "warm" in row and "fixed" in row else "-")

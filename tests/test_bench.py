@@ -221,3 +221,25 @@ def test_pufferlib_peer_steps_the_workload_and_ends_its_workers(kind):
     finally:
         r.close()
     assert set(mp.active_children()) <= before  # workers joined, not left as zombies
+
+
+def test_online_e2e_rotates_variants_and_keeps_warm_after_fresh():
+    from bench.online_e2e import variant_order
+
+    variants = ["sb3", "fresh", "warm", "fixed"]
+    orders = [variant_order(variants, seed) for seed in range(3)]
+    assert [o[0] for o in orders] == ["sb3", "fresh", "fixed"]  # each unit leads one seed
+    for o in orders:
+        assert sorted(o) == sorted(variants) and o.index("warm") == o.index("fresh") + 1
+
+
+def test_online_e2e_pairs_each_variant_with_the_same_seeds_sb3_run():
+    from bench.online_e2e import summarize
+
+    runs = [{"workload": "w", "length": 30, "variant": v, "seed": seed, "seconds": s, "episodes": 1,
+             "final_return": None}
+            for seed, (sb3, fresh) in enumerate([(10.0, 12.5), (20.0, 20.0)])
+            for v, s in (("sb3", sb3), ("fresh", fresh))]
+    p = summarize(runs)["w@30s"]["fresh"]["paired_vs_sb3"]
+    assert p["seeds"] == 2 and p["min"] == 0.8 and p["max"] == 1.0
+    assert abs(p["geomean"] - 0.8 ** 0.5) < 1e-12  # not the ratio of medians (15 / 16.25)
