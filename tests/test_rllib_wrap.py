@@ -448,3 +448,21 @@ def test_unwrap_restores_the_config():
     assert getattr(cfg, "_auturi_options")["start"] == Config(num_actors=2, envs_per_actor=3, policy_batch_size=3)
     auturi.unwrap(cfg)
     assert (cfg.num_env_runners, cfg.num_envs_per_env_runner, cfg.env_runner_cls) == (2, 3, None)
+
+
+def test_total_timesteps_gives_the_tuner_the_collects_left():
+    """RLlib's Algorithm does not know how long it will train; ``total_timesteps`` tells the
+    tuner, which then prices each move against the collects left (as on SB3)."""
+    with pytest.raises(ValueError, match="total_timesteps"):
+        auturi.wrap(ppo_config(), total_timesteps=0)
+    algo = auturi.wrap(ppo_config(batch=128), total_timesteps=640,
+                       tuner_options={"cache": False, "min_samples": 2, "max_samples": 2}).build_algo()
+    try:
+        h = algo.env_runner.auturi
+        left = []
+        for _ in range(2):
+            algo.train()
+            left.append(h.tuner.remaining_collects)
+        assert h.steps_sampled == 256 and left == [4, 3]  # 640 steps = 5 collects of 128: 4, then 3 to come
+    finally:
+        algo.stop()

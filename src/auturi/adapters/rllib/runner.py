@@ -14,7 +14,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from auturi.adapters.common import Collector, FaceHandle, build_collector, ray_kwargs, resolve_seed
+from auturi.adapters.common import (Collector, FaceHandle, build_collector, ray_kwargs, remaining_collects,
+                                    resolve_seed)
 from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
 from auturi.adapters.rllib.envs import env_factory
 from auturi.adapters.rllib.policy import RLModulePolicy, exploration_kind
@@ -29,13 +30,24 @@ class RLlibHandle(FaceHandle):
     the shared :class:`~auturi.adapters.common.FaceHandle` (executor, optional online tuner,
     status server, last collect's stats) plus the replicas' policy adapter."""
 
-    def __init__(self, collector: Collector, adapter: RLModulePolicy, seed: int):
+    def __init__(self, collector: Collector, adapter: RLModulePolicy, seed: int,
+                 total_timesteps: int | None = None):
         super().__init__(collector, seed)
         self.adapter = adapter
         self.closed = False
+        self.total_timesteps = total_timesteps  # wrap(total_timesteps=): what the tuner's payback rule needs
+        self.steps_sampled = 0
 
     def collect(self, num_steps: int) -> Any:
-        return self.collect_rollout(num_steps)
+        """One collect of ``num_steps`` per env; the tuner is told the collects still to come
+        when ``total_timesteps`` was given."""
+        per = num_steps * self.executor.num_envs
+        remaining = None
+        if self.total_timesteps is not None:
+            remaining = remaining_collects(self.total_timesteps - self.steps_sampled, per)
+        rollout = self.collect_rollout(num_steps, remaining)
+        self.steps_sampled += per
+        return rollout
 
     def info(self) -> dict[str, Any]:
         """What goes to ``result["env_runners"]["auturi"]``: the layout, its speed, the tuner's
@@ -318,7 +330,7 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
         worker_timeout=opts.get("worker_timeout"), status_port=opts.get("status_port"),
         workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?", "env": factory.name},
         executor_kwargs=ray_kwargs(backend, opts.get("address"), opts.get("actor_resources")))
-    return RLlibHandle(collector, adapter, seed)
+    return RLlibHandle(collector, adapter, seed, opts.get("total_timesteps"))
 
 
 def resolve_backend(backend: str | None, address: str | None) -> str:

@@ -89,7 +89,7 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
                budget: Any = None, budget_trials: int | None = None, budget_seconds: float | None = None,
                tuner_options: dict[str, Any] | None = None, backend: str | None = None, address: str | None = None,
                seed: int | None = None, worker_timeout: float | None = None,
-               status_port: int | None = None) -> Any:
+               status_port: int | None = None, total_timesteps: int | None = None) -> Any:
     """Make the algorithm built from ``algo_config`` sample through an Auturi executor.
 
     Returns the same ``AlgorithmConfig`` object (changed in place, like its builder methods):
@@ -126,6 +126,11 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
             ``$AUTURI_WORKER_TIMEOUT``).
         status_port: serve the status page (layout, throughput, where each actor runs) on
             this loopback port while training (0: a free one).
+        total_timesteps: the env steps this training will sample in all, when your loop knows
+            it (RLlib's ``Algorithm`` does not; SB3's ``learn(total_timesteps)`` tells the tuner
+            itself). With it the online tuner moves to another layout only where the move
+            pays back before the end, and may try a layout family its model could rank low
+            when that would pay back twice over; without it, ``search_share`` caps the search.
 
     Raises:
         UnsupportedConfigError: another algorithm, the old API stack, multi-agent, custom
@@ -138,6 +143,9 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
                        address)
     if seed is not None and int(seed) < 0:
         raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
+    if total_timesteps is not None and (isinstance(total_timesteps, bool) or int(total_timesteps) <= 0):
+        raise ValueError(f"total_timesteps must be a positive number of env steps (or None: unknown), "
+                         f"got {total_timesteps!r}")
     if address is not None:
         # Now, not at build_algo(): RLlib's EnvRunnerGroup calls ray.put before it builds our
         # runner, and that auto-starts Ray with no address (a new local instance, or whichever
@@ -161,6 +169,7 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
         "worker_timeout": worker_timeout, "address": address, "status_port": status_port,
         "actor_resources": runner_resources(algo_config),
         "seed": None if seed is None else int(seed), "start": start,
+        "total_timesteps": None if total_timesteps is None else int(total_timesteps),
         "restore": {"num_env_runners": algo_config.num_env_runners, "num_envs_per_env_runner": per},
     })
     algo_config.env_runners(env_runner_cls=runner_class(), num_env_runners=0, num_envs_per_env_runner=total)
