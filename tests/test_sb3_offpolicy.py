@@ -136,13 +136,17 @@ def test_errors_for_her_gsde_and_stateful_noise():
 
 def test_a_replica_takes_every_published_state_also_on_the_fast_path():
     """Loading the same names again copies the values in place (no load_state_dict per
-    collect): each load must still land, and a changed shape or a move must not use stale tensors."""
+    collect): each load must still land, and a changed shape or a move must not use stale tensors.
+    A replica is an unpickled copy (the caller's own adapter acts with the model's policy)."""
+    import pickle
+
     import torch
 
     model = SAC("MlpPolicy", "Pendulum-v1", device="cpu", policy_kwargs={"net_arch": [8]})
     wrap_sb3(model, config=Config.serial(1), backend="serial", tune=False)
     try:
-        adapter = model.auturi.executor.policy
+        adapter = pickle.loads(pickle.dumps(model.auturi.executor.policy))
+        adapter.load_state(model.auturi.state(model))
         for scale in (1.0, 2.0, -3.0):
             state = {k: (np.asarray(v) * scale).astype(np.asarray(v).dtype) for k, v in adapter.get_state().items()}
             adapter.load_state(state)

@@ -111,6 +111,9 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         from auturi.adapters.sb3 import off_policy as replay
 
         adapter = replay.make_adapter(model, vecnorm)
+        # In this process the replica acts with the model's own policy: no weights copied per
+        # collect (1-step collects), the same tensors SB3's own collect_rollouts would use.
+        adapter.share(model.policy)
     else:
         from auturi.adapters.sb3 import on_policy as replay
 
