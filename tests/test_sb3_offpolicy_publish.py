@@ -114,7 +114,7 @@ def test_published_weights_are_read_from_the_models_tensors_and_follow_a_new_sto
 
 def test_tuner_records_are_rebuilt_only_when_the_tuner_changed():
     """``result()`` builds a whole report: once per change of phase, trials or choice."""
-    trial = SimpleNamespace(estimate=100.0, config="c")
+    trial = SimpleNamespace(estimate=100.0, config="c", samples=[100.0], status="ok")
     res = SimpleNamespace(choice="c", reason="r", speedup=lambda versus: 1.5)
     tuner = SimpleNamespace(phase="locked", history=[trial], locked=trial, best=lambda: trial, results=0)
 
@@ -129,5 +129,36 @@ def test_tuner_records_are_rebuilt_only_when_the_tuner_changed():
     first = h._tuner_records(model)
     assert h._tuner_records(model) == first and tuner.results == 1
     assert first["auturi/speedup_vs_serial"] == (1.5, None)
-    trial.estimate = 120.0  # the locked trial re-measured
+    trial.samples.append(140.0)  # the locked trial re-measured
+    trial.estimate = 120.0
     assert h._tuner_records(model)["auturi/best_steps_per_second"] == (120.0, None) and tuner.results == 2
+
+
+def test_cached_tuner_records_equal_fresh_ones_through_a_tuned_run():
+    """Through a real online search (phases, trials, a lock-in), what the log gets each
+    collect equals what rebuilding the records from the tuner gives."""
+    from stable_baselines3 import DQN
+
+    env = make_vec_env("CartPole-v1", n_envs=4, seed=2)
+    model = DQN("MlpPolicy", env, learning_starts=0, train_freq=1, buffer_size=500, batch_size=8, seed=2,
+                policy_kwargs={"net_arch": [8]}, device="cpu")
+    wrap_sb3(model, backend="serial", budget_trials=3)
+    h = model.auturi
+    cached = h._tuner_records
+    seen: list = []
+
+    def check(m):
+        got = cached(m)
+        kept, h._tuner_log = h._tuner_log, ((), {})
+        fresh = cached(m)
+        h._tuner_log = kept
+        assert got == fresh
+        seen.append(got["auturi/tuner_phase"][0])
+        return got
+
+    h._tuner_records = check
+    try:
+        model.learn(1200)
+    finally:
+        unwrap_sb3(model)
+    assert len(set(seen)) >= 2, seen  # the records changed along the run
