@@ -15,6 +15,7 @@
 Run (the lead's numbers, on a quiet machine):
     python -m bench.offpolicy --steps 20000 --repeats 2 --parity-steps 30000 --parity-seeds 2
 Per-collect only: python -m bench.offpolicy --per-collect [--collects 500 --rounds 5]
+Parity only: python -m bench.offpolicy --parity-only --parity-steps 30000 --parity-seeds 2
 Smoke (seconds): python -m bench.offpolicy --tiny
 """
 from __future__ import annotations
@@ -198,6 +199,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the per-collect section")
     ap.add_argument("--per-collect", action="store_true",
                     help="only the per-collect section (us per 1-step collect, layouts and SB3 peers)")
+    ap.add_argument("--parity-only", action="store_true",
+                    help="only the learning-parity section (SB3 vs wrapped returns per seed)")
     ap.add_argument("--tiny", action="store_true", help="smoke run: a few hundred steps, small nets")
     ap.add_argument("--out", default="bench/results/offpolicy.json")
     args = ap.parse_args(argv)
@@ -217,6 +220,9 @@ def main(argv=None) -> dict:
         out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
         print_per_collect(out["collect_us"])
         return _save(out, args.out.replace(".json", "_per_collect.json"))
+    if args.parity_only:
+        out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
+        return _save(out, args.out.replace(".json", "_parity.json"))
     workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", "CartPole-v1", args.n_envs)]
     for algo, env_id, n in workloads:
         for rep in range(args.repeats):
@@ -225,18 +231,27 @@ def main(argv=None) -> dict:
                 out["e2e"].append(r)
                 print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s return {r['return']:8.1f} "
                       f"{r['layout']}", flush=True)
-    for algo, env_id in (("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")):
-        for seed in range(args.parity_seeds):
-            for kind in ("dummy", "wrap"):
-                r = learn_once(algo, env_id, 1 if algo == "sac" else 4, args.parity_steps, 100 + seed, kind, None,
-                               args.tiny)
-                out["parity"].append(r)
-                print(f"parity {algo} {env_id} {kind:6s} seed {100 + seed}: return {r['return']:8.1f}", flush=True)
+    out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
     out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
     print_per_collect(out["collect_us"])
     out["summary"] = _summary(out["e2e"])
     print(json.dumps(out["summary"], indent=1))
     return _save(out, args.out)
+
+
+def parity(steps: int, seeds: int, tiny: bool) -> list[dict]:
+    """Learning parity: the mean return of the last episodes, plain SB3 (DummyVecEnv) vs
+    ``auturi.wrap(model)`` (the default path), SAC on Pendulum-v1 (1 env) and DQN on
+    CartPole-v1 (4 envs), seeds 100, 101, ..."""
+    runs = []
+    for algo, env_id in (("sac", "Pendulum-v1"), ("dqn", "CartPole-v1")):
+        for seed in range(seeds):
+            for kind in ("dummy", "wrap"):
+                r = learn_once(algo, env_id, 1 if algo == "sac" else 4, steps, 100 + seed, kind, None, tiny)
+                runs.append(r)
+                print(f"parity {algo} {env_id} {kind:6s} seed {100 + seed}: return {r['return']:8.1f} "
+                      f"({r['seconds']:.1f}s)", flush=True)
+    return runs
 
 
 def _save(out: dict, path: str) -> dict:
