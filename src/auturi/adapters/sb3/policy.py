@@ -321,7 +321,8 @@ class ModelViews:
         # assignment of .data changes the parameter's storage, never the detached tensor's.
         self.tensors = [(k, _live(policy, k, v)) for k, v in policy.state_dict().items() if k.startswith(prefix)]
         self.ptrs = [v.data_ptr() for _, v in self.tensors]
-        # A view keeps its tensor's storage alive: new storage never gets an old view's address.
+        # Held, the storage seen here stays alive: new storage never gets one of these addresses.
+        self._held = [v.detach() for _, v in self.tensors]
         self.views = ({k: v.detach().numpy() for k, v in self.tensors}
                       if all(v.device.type == "cpu" for _, v in self.tensors) else None)
 
