@@ -4,7 +4,8 @@ actions, N = 1, 4, 16, 64 envs.
 Compared side by side in one run, rounds interleaved:
 - Auturi shm with each env in its own worker (degree N) against SB3 SubprocVecEnv and
   gymnasium AsyncVectorEnv (shared memory), and against ``floor`` (bench/floor.py), a bare
-  prototype of the same layout without the executor's bookkeeping;
+  prototype of the same layout without the executor's bookkeeping (``floor_caller``, on
+  request: the prototype with its caller stepping one env, as Auturi's actor does);
 - Auturi shm with N envs on 2 env workers (degree 2) against SB3 DummyVecEnv;
 - Auturi's serial config against DummyVecEnv;
 - the CPU used by idle Auturi workers between collects.
@@ -24,7 +25,10 @@ from bench.floor import FloorRunner
 from bench.peers import AuturiRunner, PeerRunner
 
 ENV_ID = "CartPole-v1"
-COLUMNS = ("auturi_degree_N", "floor", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy")
+COLUMNS = ("auturi_degree_N", "floor", "floor_caller", "subproc", "async_shm", "auturi_degree_2", "auturi_serial", "dummy")
+DEFAULT_COLUMNS = tuple(c for c in COLUMNS if c != "floor_caller")
+"""``floor_caller`` is asked for by name: a diagnostic (is the actor stepping a share itself
+what degree N pays against ``floor``?), not a peer of the bench tables."""
 
 
 def make_cartpole():
@@ -49,13 +53,14 @@ def vec_runner(kind: str, n: int):
     return PeerRunner(kind, make_cartpole, n, _constant(), warmup_steps=16)
 
 
-def makers(n: int, columns=COLUMNS) -> dict:
+def makers(n: int, columns=DEFAULT_COLUMNS) -> dict:
     """The runners of one row (N = ``n``), by column name, as constructors."""
     m = {
         "auturi_serial": lambda: auturi_runner(n, 1),
         "dummy": lambda: vec_runner("dummy", n),
         "auturi_degree_N": lambda: auturi_runner(n, n),
         "floor": lambda: FloorRunner(n),
+        "floor_caller": lambda: FloorRunner(n, caller_env=True),
         "subproc": lambda: vec_runner("subproc", n),
         "async_shm": lambda: vec_runner("async", n),
     }
@@ -64,7 +69,7 @@ def makers(n: int, columns=COLUMNS) -> dict:
     return {k: v for k, v in m.items() if k in columns}
 
 
-def measure(ns, steps: int, rounds: int, columns=COLUMNS, progress=None) -> list[dict]:
+def measure(ns, steps: int, rounds: int, columns=DEFAULT_COLUMNS, progress=None) -> list[dict]:
     """One row per N: every runner's samples (env steps/s, ``steps // N`` rows per sample, at
     least 50), their summary, and the ratios that exist among ``columns``."""
     rows = []
@@ -84,6 +89,7 @@ def measure(ns, steps: int, rounds: int, columns=COLUMNS, progress=None) -> list
         row = {"n": n, "rows_per_sample": per}
         row.update({k: summarize(xs) for k, xs in samples.items()})
         for key, a, b in (("ratio_degreeN_vs_floor", "auturi_degree_N", "floor"),
+                          ("ratio_degreeN_vs_floor_caller", "auturi_degree_N", "floor_caller"),
                           ("ratio_degreeN_vs_subproc", "auturi_degree_N", "subproc"),
                           ("ratio_degreeN_vs_async", "auturi_degree_N", "async_shm"),
                           ("ratio_serial_vs_dummy", "auturi_serial", "dummy"),
@@ -115,8 +121,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=10000,
                     help="env steps per sample (N rows of steps // N); short samples (2000) varied ±30%% between rounds")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(COLUMNS),
-                    help="runners to measure (default all); e.g. auturi_degree_N floor for the per-row ratio alone")
+    ap.add_argument("--columns", nargs="+", choices=COLUMNS, default=list(DEFAULT_COLUMNS),
+                    help="runners to measure (default all but floor_caller); e.g. auturi_degree_N floor for the "
+                         "per-row ratio alone, plus floor_caller for the prototype with the caller stepping one env")
     ap.add_argument("--out", default="bench/results/envstep.json")
     args = ap.parse_args(argv)
     import stable_baselines3  # noqa: F401  (for the version in the header)

@@ -33,29 +33,46 @@ def _worker(i: int, start: Any, done: Any, stop: Any, spin: float) -> None:
 
 class FloorRunner:
     """``n`` worker processes (forkserver), one CartPole each; ``run(rows)`` steps them all
-    ``rows`` times and returns env steps per second."""
+    ``rows`` times and returns env steps per second.
+
+    ``caller_env``: the caller steps one of the ``n`` CartPoles itself, between posting the
+    ``n - 1`` workers and waiting for them, as Auturi's actor steps its share at degree N
+    (``floor_caller`` in ``bench/envstep.py``). Measured beside ``floor`` it tells what that
+    layout choice costs apart from the executor's bookkeeping."""
 
     kind = "floor"
 
-    def __init__(self, n: int, spin: float = SPIN_SECONDS):
+    def __init__(self, n: int, spin: float = SPIN_SECONDS, caller_env: bool = False):
         ctx = mp.get_context("forkserver")
         self.n, self.spin = n, spin
+        self.env = None
+        if caller_env:
+            import gymnasium as gym
+
+            self.env = gym.make("CartPole-v1")
+            self.env.reset(seed=0)
+        workers = range(1, n) if caller_env else range(n)
         self.done = ctx.Semaphore(0)
         self.stop = ctx.Value("b", 0, lock=False)
-        self.starts = [ctx.Semaphore(0) for _ in range(n)]
+        self.starts = [ctx.Semaphore(0) for _ in workers]
         self.procs = [ctx.Process(target=_worker, args=(i, s, self.done, self.stop, spin), daemon=True)
-                      for i, s in enumerate(self.starts)]
+                      for i, s in zip(workers, self.starts)]
         for p in self.procs:
             p.start()
         self.run(16)
 
     def run(self, rows: int) -> float:
+        env, spin, done, starts = self.env, self.spin, self.done, self.starts
         t0 = time.perf_counter()
         for _ in range(rows):
-            for s in self.starts:
+            for s in starts:
                 s.release()
-            for _ in range(self.n):
-                acquire(self.done, self.spin, None)
+            if env is not None:
+                _, _, te, tr, _ = env.step(0)
+                if te or tr:
+                    env.reset()
+            for _ in starts:
+                acquire(done, spin, None)
         return rows * self.n / (time.perf_counter() - t0)
 
     def close(self) -> None:
