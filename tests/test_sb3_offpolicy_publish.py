@@ -58,6 +58,25 @@ def test_the_callers_replica_acts_with_the_models_current_weights(backend):
         unwrap_sb3(model)
 
 
+def test_a_replaced_policy_is_followed():
+    """``model.policy = other``: the caller's replica acts with the new one from the next collect."""
+    import copy
+
+    model = wrap_sb3(td3(learning_starts=0), config=Config.serial(2), backend="serial", tune=False)
+    try:
+        model.learn(4)
+        other = copy.deepcopy(model.policy)
+        with torch.no_grad():
+            for p in other.actor.parameters():
+                p.mul_(-3.0)
+        model.policy, model.actor = other, other.actor
+        rollout = model.auturi.collect(model, 1, {"auturi.warmup": np.array([0.0])})
+        expected, _ = model.predict(rollout.observations[0], deterministic=True)
+        np.testing.assert_allclose(rollout.actions[0], expected, rtol=1e-6, atol=1e-6)
+    finally:
+        unwrap_sb3(model)
+
+
 def test_unsharing_keeps_the_models_weights():
     """Moving the caller's replica to another device than the model's gives it its own
     network, holding the model's weights at that moment (CUDA itself: tests that skip here)."""
@@ -142,7 +161,7 @@ def test_cached_tuner_records_equal_fresh_ones_through_a_tuned_run():
     env = make_vec_env("CartPole-v1", n_envs=4, seed=2)
     model = DQN("MlpPolicy", env, learning_starts=0, train_freq=1, buffer_size=500, batch_size=8, seed=2,
                 policy_kwargs={"net_arch": [8]}, device="cpu")
-    wrap_sb3(model, backend="serial", budget_trials=3)
+    wrap_sb3(model, backend="serial", budget_trials=3, tuner_options={"cache": False, "min_samples": 2, "max_samples": 2})
     h = model.auturi
     cached = h._tuner_records
     seen: list = []
@@ -153,7 +172,7 @@ def test_cached_tuner_records_equal_fresh_ones_through_a_tuned_run():
         fresh = cached(m)
         h._tuner_log = kept
         assert got == fresh
-        seen.append(got["auturi/tuner_phase"][0])
+        seen.append((got["auturi/tuner_phase"][0], got["auturi/tuner_trials"][0]))
         return got
 
     h._tuner_records = check

@@ -36,6 +36,9 @@ class SB3Handle(FaceHandle):
     def collect(self, model: Any, num_steps: int, extra_state: dict[str, np.ndarray] | None = None) -> Any:
         """Publish the weights (plus ``extra_state``: per-collect exploration settings) unless
         nothing of them changed since the last publish, collect ``num_steps`` per env and log it."""
+        follow = getattr(self.adapter, "follow", None)
+        if follow is not None:
+            follow(model.policy)
         token = self._publish_token(model, extra_state)
         if token is None or token != self._published:
             state = self.state(model)

@@ -102,6 +102,12 @@ class ReplicaNet:
         self._net = policy
         self._slots = None
 
+    def follow(self, policy: Any) -> None:
+        """Share ``policy`` instead when this object shares another (the model's ``policy``
+        attribute was replaced): it acts with what the model holds, as the published state is."""
+        if self._shared is not None and self._shared is not policy:
+            self.share(policy)
+
     @property
     def shared(self) -> bool:
         """Whether this object acts with the model's own policy (see :meth:`share`)."""
