@@ -159,7 +159,8 @@ class EnvRunner:
         as :meth:`step` with basic slices instead of gathers, for the serial and lockstep
         loops where every env is at the same row (fancy indexing cost ~10 us a step)."""
         if hi - lo == 1:
-            return self.step_one(t, lo)
+            self.step_one(t, lo)
+            return
         a = self.a
         acts = a["actions"][t, lo:hi]
         acts_in = list(acts) if acts.ndim == 1 else list(acts.copy())  # numpy scalars, or rows an env may keep
@@ -195,13 +196,15 @@ class EnvRunner:
         else:
             a["obs"][t + 1, lo:hi] = new_obs  # numpy copies a list of frames in place, unstacked
 
-    def step_one(self, t: int, i: int) -> None:
+    def step_one(self, t: int, i: int) -> bool:
         """Step env ``i`` alone at row ``t``: the same as :meth:`step_slice` on ``i..i+1``,
         written for the layout with one env per worker, where this is all a worker does per
         step. It writes through column views made once per rollout block, with scalar
         stores: each numpy call of the general path costs ~1 us, and with many workers per
         core it runs cache-cold after every context switch (16 one-env workers on 2 cores:
-        ~20k steps/s through ``step_slice``, ~26k with this path, both blocking waits)."""
+        ~20k steps/s through ``step_slice``, ~26k with this path, both blocking waits).
+        Returns whether the episode ended (a final was recorded), so a worker's row loop
+        knows without looking at ``finals``."""
         cols = self._cols.get(i)
         if cols is None:
             a = self.a
@@ -230,6 +233,7 @@ class EnvRunner:
         trunc[t] = ended and not te
         starts[t + 1] = ended
         obs[t + 1] = o
+        return ended
 
     def _slice_envs(self, lo: int, hi: int) -> list:
         key = (lo, hi)

@@ -18,7 +18,7 @@ import numpy as np
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop, slice_stepper
 from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
-from auturi.executor.env_runner import make_env_runner
+from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
@@ -366,23 +366,26 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
     one's code runs cache-cold after every switch, and a worker stepping one CartPole used
     ~55 us of CPU per row in the general loop, 6 of them in ``env.step``."""
     # memoryviews: plain CPython item access, no numpy scalar machinery on this path.
-    cmd_arr, arg, seq, status, nfinal, timing, hdr = (memoryview(ctrl[k]) for k in
-                                                      ("cmd", "arg", "seq", "status", "nfinal", "timing", "hdr"))
+    cmd_arr, arg, seq, status, nfinal, hdr = (memoryview(ctrl[k]) for k in ("cmd", "arg", "seq", "status", "nfinal", "hdr"))
+    timing = memoryview(ctrl["timing"]).cast("B").cast("d")  # 1-D words (raises if not contiguous): no tuple index
+    env_time = slot * ctrl["timing"].shape[1]
     status[slot] = OK  # rows report a failure by ERROR; a success leaves this as it is
     gen_word = DATA_GEN  # a local: no global lookup per row
-    step_one = getattr(obj, "step_one", None) if hi - lo == 1 else None  # a lone env: no step_slice hop
+    # a lone env: no step_slice hop (EnvRunner's, whose return value says an episode ended)
+    step_one = obj.step_one if hi - lo == 1 and isinstance(obj, EnvRunner) else None
     while True:
         try:
             if hdr[gen_word] != data.gen:  # a new rollout block (num_steps changed)
                 data.sync(obj)
-            n = len(obj.finals)
             if step_one is not None:
-                step_one(arg[slot], lo)
+                if step_one(arg[slot], lo):  # the episode ended: one more final to hand over
+                    nfinal[slot] = len(obj.finals)
             else:
+                n = len(obj.finals)
                 step_row(arg[slot], lo, hi)
-            if len(obj.finals) != n:
-                nfinal[slot] = len(obj.finals)
-            timing[slot, 0] = obj.env_seconds
+                if len(obj.finals) != n:
+                    nfinal[slot] = len(obj.finals)
+            timing[env_time] = obj.env_seconds
         except SystemExit:
             raise
         except BaseException as exc:
