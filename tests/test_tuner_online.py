@@ -317,6 +317,8 @@ def test_first_run_cost_is_in_the_record_and_the_status():
     assert first["collects_to_lock"] is not None and first["collects_to_lock"] > len(off) - 1
     assert first["seconds_off_choice"] > 0  # serial ran before the faster choice
     assert online.status()["first_run"] == online.first_run_cost()
+    # kept as totals per config, not a record per collect (off-policy runs make millions)
+    assert len(online._log) == len({c for kind, c in ex.log if kind == "collect"}) < ex.collects
     from auturi.tuner.cache import check_record
 
     check_record(rec)  # the cache accepts the new fields

@@ -183,7 +183,9 @@ class OnlineTuner(_Session):
         self.reconfigures: list[dict[str, Any]] = []  # one per reconfigure this tuner made
         self.declined: list[dict[str, Any]] = []  # configs not tried: they would not pay back (_pays_back)
         self.locked_at_collect: int | None = None
-        self._log: list[tuple[Config, float, int]] = []  # (config, seconds, steps) per collect
+        # per config: [collects, seconds, steps] run under it; totals, not a list per collect:
+        # an off-policy run makes millions of collects, and first_run_cost() reads this often
+        self._log: dict[Config, list] = {}
         self._profile_stats: list[Any] = []  # stats of measured in-process collects
         self._rec: TrialRecorder | None = None
         self._queue: list[tuple[Config, str]] = []
@@ -215,7 +217,10 @@ class OnlineTuner(_Session):
         steps = num_steps * self.executor.num_envs
         sps = throughput_of(rollout, seconds, steps)
         self.collects += 1
-        self._log.append((config, seconds, steps))
+        tot = self._log.setdefault(config, [0, 0.0, 0])
+        tot[0] += 1
+        tot[1] += seconds
+        tot[2] += steps
         if getattr(self.executor, "warming", False):
             # The worker forkservers are still importing on these cores: this collect's data
             # is the learner's as always, its time is not the layout's (it read 40% slow).
@@ -683,16 +688,16 @@ class OnlineTuner(_Session):
         those collects happened to be faster), ``reconfigure_seconds`` (all of this tuner's
         reconfigures), and the totals they compare with."""
         choice = self.locked or self.best()
-        total = sum(s for _, s, _ in self._log)
+        total = sum(t[1] for t in self._log.values())
         reconf = sum(r["seconds"] for r in self.reconfigures)
-        out: dict[str, Any] = {"collects": len(self._log), "collect_seconds": total,
+        out: dict[str, Any] = {"collects": sum(t[0] for t in self._log.values()), "collect_seconds": total,
                                "reconfigure_seconds": reconf, "reconfigures": len(self.reconfigures),
                                "collects_to_lock": self.locked_at_collect,
                                "collects_off_choice": None, "seconds_off_choice": None}
         if choice is not None and choice.estimate > 0 and math.isfinite(choice.estimate):
-            off = [(s, n) for c, s, n in self._log if c != choice.config]
-            out["collects_off_choice"] = len(off)
-            out["seconds_off_choice"] = sum(s - n / choice.estimate for s, n in off)
+            off = [t for c, t in self._log.items() if c != choice.config]
+            out["collects_off_choice"] = sum(t[0] for t in off)
+            out["seconds_off_choice"] = sum(t[1] - t[2] / choice.estimate for t in off)
         return out
 
     def _save(self) -> None:
