@@ -161,7 +161,10 @@ def test_cached_tuner_records_equal_fresh_ones_through_a_tuned_run():
     env = make_vec_env("CartPole-v1", n_envs=4, seed=2)
     model = DQN("MlpPolicy", env, learning_starts=0, train_freq=1, buffer_size=500, batch_size=8, seed=2,
                 policy_kwargs={"net_arch": [8]}, device="cpu")
-    wrap_sb3(model, backend="serial", budget_trials=3, tuner_options={"cache": False, "min_samples": 2, "max_samples": 2})
+    # min_sample_seconds=0: a sample per collect, so trials end whatever this machine's speed (with
+    # the 50 ms default a fast machine's 100 us collects never finished a trial in this run)
+    wrap_sb3(model, backend="serial", budget_trials=3,
+             tuner_options={"cache": False, "min_samples": 2, "max_samples": 2, "min_sample_seconds": 0})
     h = model.auturi
     cached = h._tuner_records
     seen: list = []
