@@ -87,3 +87,15 @@ def interleave(runners: dict, rounds: int, run: Callable[[str, Any], float],
                 progress(f"round {i + 1}/{rounds} {name}")
             samples[name].append(run(name, r))
     return samples
+
+
+def rotated(items: Sequence[Any], k: int) -> list:
+    """``items`` rotated left by ``k``: run ``k`` of alternated rounds starts with another one,
+    so a position effect (the first run of a round reading slow, whatever it is) is not
+    charged to one kind.
+
+    >>> rotated(("a", "b", "c"), 1)
+    ['b', 'c', 'a']
+    """
+    k = k % len(items) if items else 0
+    return list(items[k:]) + list(items[:k])

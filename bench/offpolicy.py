@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from bench.common import machine_header, summarize
+from bench.common import machine_header, rotated, summarize
 
 KINDS = ("dummy", "subproc", "wrap", "fixed")
 
@@ -58,17 +58,6 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
         kw.setdefault("learning_starts", 1000)
         return sb3.DQN("MlpPolicy", env, train_freq=4, **kw)
     return getattr(sb3, algo.upper())("MlpPolicy", env, train_freq=1, **kw)
-
-
-def rotated(kinds: tuple[str, ...], rep: int) -> list[str]:
-    """``kinds`` rotated by ``rep``: each kind runs first in some repeat (in one fixed order,
-    a kind's position in the round, not the kind, can make it read a few percent slow).
-
-    >>> rotated(("a", "b", "c"), 1)
-    ['b', 'c', 'a']
-    """
-    k = rep % len(kinds)
-    return list(kinds[k:] + kinds[:k])
 
 
 def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind: str, config_json: str | None,

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bench.common import machine_header
+from bench.common import machine_header, rotated
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -271,8 +271,7 @@ def variant_order(variants: list[str], seed: int) -> list[str]:
             units[-1].append(v)
         else:
             units.append([v])
-    k = seed % len(units) if units else 0
-    return [v for unit in units[k:] + units[:k] for v in unit]
+    return [v for unit in rotated(units, seed) for v in unit]
 
 
 def paired_ratio(by: dict[str, list[dict]], variant: str) -> dict[str, float] | None:

@@ -1,5 +1,9 @@
 """Component profiling and the analytic throughput model the ``model`` strategy ranks with.
 
+Over 500 lines: the :class:`Profile`, the model that reads it, the fit that refits it and the
+timing that fills it share its fields; the timing functions at the bottom
+(:func:`profile_executor` to :func:`time_policy`) are the part to split out next.
+
 :func:`profile_executor` times the parts once, in this process, without starting workers:
 one env's step time (mean, spread, and how much of it is CPU rather than waiting), the
 observation size, and the policy's latency against batch size on each device. Some costs

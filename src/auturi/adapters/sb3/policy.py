@@ -82,15 +82,17 @@ class ReplicaNet:
         """The state to publish before a collect: what :func:`policy_state` returns, read from
         the model's tensors found once (``state_dict()`` walks every module: ~90 us a collect
         for SAC, more than a 1-step collect's own overhead) and checked each time."""
-        if self._views is None or not self._views.valid(model.policy):
-            self._views = ModelViews(model.policy, self.state_prefix)
-        return {**self._views.arrays(), **obs_stats(vecnorm)}
+        return {**self._model_views(model).arrays(), **obs_stats(vecnorm)}
 
     def weights_token(self, model: Any) -> tuple:
         """Changes whenever the published weights may have changed (see :meth:`ModelViews.token`)."""
+        return self._model_views(model).token()
+
+    def _model_views(self, model: Any) -> "ModelViews":
+        """The views of ``model``'s tensors, rebuilt when they are no longer its own."""
         if self._views is None or not self._views.valid(model.policy):
             self._views = ModelViews(model.policy, self.state_prefix)
-        return self._views.token()
+        return self._views
 
     def share(self, policy: Any) -> None:
         """Act with ``policy`` itself (the model's own, in the caller's process): no copy of
@@ -169,7 +171,7 @@ class ReplicaNet:
         if self._shared is not None:
             return  # acting with the model's own tensors: they are the current weights
         weights = {k: v for k, v in state.items() if not k.startswith(STATE_PREFIX)}
-        slots = getattr(self, "_slots", None)
+        slots = self._slots
         if slots is not None and slots.keys() == weights.keys():
             # The same names as last time (every collect, off-policy every step): copy the
             # values into the tensors in place; load_state_dict's checks and module walk cost
