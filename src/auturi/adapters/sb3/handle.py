@@ -29,17 +29,21 @@ class SB3Handle(FaceHandle):
         self._published: tuple | None = None  # the token of the last published state (see collect)
         self._tuner_log: tuple[tuple, dict[str, Any]] = ((), {})  # (tuner key, its records)
         self._config_log: tuple[Any, str] = (None, "")  # (config, its text)
+        self.exploration: Any = None  # the off-policy replay's cached exploration state (off_policy._Exploration)
 
     def state(self, model: Any) -> dict[str, np.ndarray]:
         return self.adapter.state_of(model, self.vecnorm)
 
-    def collect(self, model: Any, num_steps: int, extra_state: dict[str, np.ndarray] | None = None) -> Any:
+    def collect(self, model: Any, num_steps: int, extra_state: dict[str, np.ndarray] | None = None,
+                extra_key: Any = None) -> Any:
         """Publish the weights (plus ``extra_state``: per-collect exploration settings) unless
-        nothing of them changed since the last publish, collect ``num_steps`` per env and log it."""
+        nothing of them changed since the last publish, collect ``num_steps`` per env and log it.
+        ``extra_key``: a summary of ``extra_state`` that is equal between two calls only when
+        ``extra_state`` is (the caller's, cheaper than reading the arrays); ``None``: read them."""
         follow = getattr(self.adapter, "follow", None)
         if follow is not None:
             follow(model.policy)
-        token = self._publish_token(model, extra_state)
+        token = self._publish_token(model, extra_state, extra_key)
         if token is None or token != self._published:
             state = self.state(model)
             if extra_state:
@@ -58,7 +62,8 @@ class SB3Handle(FaceHandle):
         self._log(model, rollout)
         return rollout
 
-    def _publish_token(self, model: Any, extra_state: dict[str, np.ndarray] | None) -> tuple | None:
+    def _publish_token(self, model: Any, extra_state: dict[str, np.ndarray] | None, extra_key: Any = None
+                       ) -> tuple | None:
         """What the published state is made of, cheaply: equal tokens mean an equal state, so
         the publish (a copy into shared memory, a version every replica reloads) can be
         skipped: TD3 moves its actor every second update, nothing moves before
@@ -66,9 +71,11 @@ class SB3Handle(FaceHandle):
         every step, or an adapter without :meth:`weights_token`."""
         if self.vecnorm is not None or not hasattr(self.adapter, "weights_token"):
             return None
+        if extra_key is not None:
+            return self.adapter.weights_token(model), "key", extra_key
         extra = tuple((k, v.dtype.str, v.shape, v.tobytes())
                       for k, v in sorted((k, np.asarray(v)) for k, v in (extra_state or {}).items()))
-        return self.adapter.weights_token(model), extra
+        return self.adapter.weights_token(model), "state", extra
 
     def _log(self, model: Any, rollout: Any) -> None:
         log = model.logger
