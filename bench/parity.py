@@ -120,8 +120,8 @@ def _episode_log_class() -> type:
 
 class ExecutorNoise:
     """Plain SB3 acting with the action noise an Auturi executor draws (``kind`` ``sb3_noise``):
-    env ``i``'s uniform numbers for the steps ``s .. s + n_steps - 1`` of a rollout come from
-    ``default_rng([seed, i, s])`` (``Executor._prepare``) and become an action by the inverse
+    env ``i``'s uniform numbers for its steps come from its noise stream
+    (:mod:`auturi.executor.noise`, as ``Executor._prepare`` draws them) and become an action by the inverse
     CDF of ``auturi.sampling``, where plain SB3 samples from torch's global stream. Everything
     else is SB3's own loop. It separates the two things a wrapped run changes: if it learns
     exactly as ``auturi.wrap(model)`` does, the wrapped path's data is SB3's and any gap to
@@ -155,12 +155,13 @@ class ExecutorNoise:
         import numpy as np
         import torch
 
+        from auturi.executor.noise import NoiseStreams
+
         t = self.steps % self.n_steps
         if t == 0:  # a rollout starts: every env's stream for its n_steps, as _prepare draws them
             k = int(np.prod(self.policy.action_space.shape)) or 1
-            self._noise = np.stack([np.random.default_rng([self.seed, i, self.steps]).random((self.n_steps, k),
-                                                                                             dtype=np.float32)
-                                    for i in range(self.n_envs)], axis=1)
+            self._noise = np.zeros((self.n_steps, self.n_envs, k), np.float32)
+            NoiseStreams().fill(self._noise, self.seed, 0, self.steps)
         self.steps += 1
         return torch.as_tensor(self._noise[t])
 

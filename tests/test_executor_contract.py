@@ -17,6 +17,7 @@ import pytest
 
 from auturi import Config, make_executor
 from auturi.envs import ActionDtypeEnv, CountingEnv, env_seed
+from auturi.executor.noise import reference_noise
 from tests.helpers import CONFIGS, N, ObsHashPolicy, assert_same, counting, ids, run
 
 __all__ = ["CONFIGS", "N", "assert_same", "counting", "ids", "run"]  # other modules import them from here
@@ -81,8 +82,7 @@ def test_serial_matches_a_dummy_vec_env_loop(env, serial_refs):
     done_steps = 0
     for r in serial_reference:
         T = r.num_steps
-        noise = np.stack([np.random.default_rng([seed, i, done_steps]).random((T, 1), dtype=np.float32)
-                          for i in range(N)], axis=1)
+        noise = np.stack([reference_noise(seed, i, done_steps, T, 1) for i in range(N)], axis=1)
         for t in range(T):
             np.testing.assert_array_equal(r.observations[t], obs)
             np.testing.assert_array_equal(r.episode_starts[t], starts)

@@ -12,7 +12,7 @@ import pytest
 
 import auturi
 from auturi.envs import CountingEnv
-from auturi.executor.base import fill_noise
+from auturi.executor.noise import BLOCK_ROWS, NoiseStreams, fill_noise, reference_noise
 from auturi.executor.shm import worker
 
 
@@ -34,16 +34,44 @@ def test_noise_streams_are_default_rngs_bits(seed, first, step, rows, n, k):
     np.testing.assert_array_equal(got, _reference(rows, n, k, seed, first, step))
 
 
+def _streams(rows: int, n: int, k: int, seed: int, first: int, step: int) -> np.ndarray:
+    return np.stack([reference_noise(seed, first + i, step, rows, k) for i in range(n)], axis=1)
+
+
+@pytest.mark.parametrize("step,rows", [(0, 1), (5, 3), (BLOCK_ROWS - 2, 5), (BLOCK_ROWS - 1, 2 * BLOCK_ROWS + 3)])
+def test_noise_streams_follow_the_definition_across_blocks(step, rows):
+    """Slices of one block, collects that cross one or several block boundaries."""
+    got = np.full((rows, 3, 2), np.nan, np.float32)
+    NoiseStreams().fill(got, 9, 2, step)
+    np.testing.assert_array_equal(got, _streams(rows, 3, 2, 9, 2, step))
+
+
+def test_noise_of_a_step_does_not_depend_on_how_steps_are_split_into_collects():
+    """One collect of 10 rows against 1-row collects (one NoiseStreams each: a cached block
+    from another seed, offset or width must not leak)."""
+    whole = np.zeros((10, 4, 3), np.float32)
+    NoiseStreams().fill(whole, 1, 0, BLOCK_ROWS - 4)
+    streams = NoiseStreams()
+    for r in range(10):
+        one = np.zeros((1, 4, 3), np.float32)
+        streams.fill(one, 1, 0, BLOCK_ROWS - 4 + r)
+        np.testing.assert_array_equal(one[0], whole[r])
+        other = np.zeros((1, 2, 3), np.float32)
+        streams.fill(other, 2, 0, BLOCK_ROWS - 4 + r)  # another seed and width in between
+        assert not np.array_equal(other[0], whole[r, :2])
+
+
 def test_collects_draw_each_envs_stream_from_its_global_index_and_step():
-    """Through a collect: env ``offset + i``'s noise at collect start ``s`` (the contract's
-    key), for two collects of different lengths (the second starts at ``s = 3``)."""
+    """Through a collect: env ``offset + i``'s noise at its steps (the contract's key), for
+    two collects of different lengths (the second starts at step 3)."""
     policy = auturi.RandomPolicy(gym.spaces.Discrete(3))
     with auturi.make_executor(CountingEnv, policy, num_envs=3, backend="serial", seed=11) as ex:
         ex.env_id_offset = 4  # as a Ray actor's slice of a larger collection sets it
         ex.collect(3)
         noise = ex._block["noise"]
+        np.testing.assert_array_equal(noise, _streams(3, 3, noise.shape[2], 11, 4, 0))
         ex.collect(2)
-        np.testing.assert_array_equal(ex._block["noise"], _reference(2, 3, noise.shape[2], 11, 4, 3))
+        np.testing.assert_array_equal(ex._block["noise"], _streams(2, 3, noise.shape[2], 11, 4, 3))
 
 
 @pytest.fixture

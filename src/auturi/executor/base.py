@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import math
 import os
-import sys
 import time
 from typing import Any, Mapping
 
@@ -27,6 +26,7 @@ from auturi.config import Config
 from auturi.envs import EnvLike, resolve_env_fns
 from auturi.errors import AuturiError, ConfigError
 from auturi.executor.buffers import ArrayBlock
+from auturi.executor.noise import NoiseStreams
 from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
 from auturi.policy import Policy
 from auturi.resources import cuda_device_count
@@ -108,6 +108,7 @@ class Executor(abc.ABC):
         self._block: ArrayBlock | None = None
         self._num_steps = -1
         self._steps_done = 0  # steps each env has taken so far: keys the noise streams
+        self._noise = NoiseStreams()
         self._weights_version = 0
         self.last_reconfigure_seconds = 0.0
         self.last_reconfigure: dict[str, float] = dict(_NOTHING_DONE)
@@ -261,7 +262,7 @@ class Executor(abc.ABC):
             b["obs"][0] = b["obs"][num_steps]
             b["starts"][0] = b["starts"][num_steps]
         if self.spec.noise_dim:
-            fill_noise(self._block["noise"], self.seed, self.env_id_offset, self._steps_done)
+            self._noise.fill(self._block["noise"], self.seed, self.env_id_offset, self._steps_done)
 
     def _build_rollout(self, finals: dict[tuple[int, int], tuple[np.ndarray, dict]]) -> Rollout:
         b = self._block
@@ -283,73 +284,6 @@ class Executor(abc.ABC):
             final_observations={k: v[0] for k, v in sorted(finals.items())},
             final_infos={k: v[1] for k, v in sorted(finals.items())},
         )
-
-
-_U32, _M32 = 1 << 32, (1 << 32) - 1
-_M128 = (1 << 128) - 1
-_PCG_MULT = 0x2360ED051FC65DA44385DF649FCCF645  # PCG64's 128-bit LCG multiplier (numpy's pcg64.h)
-
-
-def _state_consts() -> list[tuple[int, int]]:
-    """SeedSequence.generate_state's hash constants for 8 words: (before, after) each
-    multiplication (numpy's INIT_B, MULT_B); they do not depend on the data."""
-    out, h = [], 0x8B51F9DD
-    for _ in range(8):
-        nxt = (h * 0x58F38DED) & _M32
-        out.append((h, nxt))
-        h = nxt
-    return out
-
-
-_STATE_CONSTS = _state_consts()
-
-
-def fill_noise(noise: np.ndarray, seed: int, first_env: int, steps_done: int) -> None:
-    """Fill ``noise[:, i, :]`` (``float32``, rows x envs x k) with env ``first_env + i``'s
-    stream ``np.random.default_rng([seed, first_env + i, steps_done]).random((rows, k))``.
-
-    Bit for bit that stream, built in ~7 us an env instead of ``default_rng``'s ~12 (a
-    SeedSequence from a list, its ``generate_state``, a new PCG64 and Generator): at 8 envs
-    that was a tenth of a 1-step collect (off-policy ``train_freq=1``). One PCG64 is reused
-    and given each env's state as PCG64's seeding computes it from the same SeedSequence's
-    pool (a ``uint32`` entropy array equals the list when every word is below 2**32; else,
-    or on a big-endian machine, ``default_rng`` itself runs).
-
-    >>> a, b = np.zeros((3, 2, 4), np.float32), np.zeros((3, 2, 4), np.float32)
-    >>> fill_noise(a, 7, 5, 11)
-    >>> for i in range(2):
-    ...     b[:, i] = np.random.default_rng([7, 5 + i, 11]).random((3, 4), dtype=np.float32)
-    >>> np.array_equal(a, b)
-    True
-    """
-    rows, n, k = noise.shape
-    if not (0 <= seed < _U32 and 0 <= first_env and first_env + n <= _U32 and 0 <= steps_done < _U32) \
-            or sys.byteorder != "little":
-        for i in range(n):
-            rng = np.random.default_rng([seed, first_env + i, steps_done])
-            noise[:, i, :] = rng.random((rows, k), dtype=np.float32)
-        return
-    bits = np.random.PCG64(0)
-    gen = np.random.Generator(bits)
-    entropy = np.array([seed, 0, steps_done], dtype=np.uint32)
-    state = {"bit_generator": "PCG64", "state": {"state": 0, "inc": 0}, "has_uint32": 0, "uinteger": 0}
-    words = state["state"]
-    for i in range(n):
-        entropy[1] = first_env + i
-        pool = np.random.SeedSequence(entropy).pool.tolist()
-        w = []  # SeedSequence.generate_state(8): each pool word hashed with its constants
-        for j, (before, after) in enumerate(_STATE_CONSTS):
-            x = ((pool[j & 3] ^ before) * after) & _M32
-            w.append(x ^ (x >> 16))
-        # generate_state(4, uint64) pairs words little-endian; PCG64 seeds with
-        # initstate = s[0] << 64 | s[1], initseq = s[2] << 64 | s[3] (pcg64_set_seed):
-        # state 0, inc = initseq << 1 | 1, step, add initstate, step
-        initstate = (w[0] | w[1] << 32) << 64 | w[2] | w[3] << 32
-        inc = (((w[4] | w[5] << 32) << 64 | w[6] | w[7] << 32) << 1 | 1) & _M128
-        words["state"] = ((inc + initstate) * _PCG_MULT + inc) & _M128
-        words["inc"] = inc
-        bits.state = state
-        noise[:, i, :] = gen.random((rows, k), dtype=np.float32)
 
 
 _NOTHING_DONE = {"seconds": 0.0, "kept": 0, "started": 0, "ended": 0, "moved": 0, "recreated": 0}
