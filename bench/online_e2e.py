@@ -274,10 +274,11 @@ def variant_order(variants: list[str], seed: int) -> list[str]:
     return [v for unit in rotated(units, seed) for v in unit]
 
 
-def paired_ratio(by: dict[str, list[dict]], variant: str) -> dict[str, float] | None:
-    """``variant`` against plain SB3 seed by seed (SB3's seconds / the variant's, the same seed's
-    runs measured next to each other): their geometric mean, lowest and highest."""
-    base = {x["seed"]: x["seconds"] for x in by.get("sb3", [])}
+def paired_ratio(by: dict[str, list[dict]], variant: str, against: str = "sb3") -> dict[str, float] | None:
+    """``variant`` against ``against`` (plain SB3) seed by seed (``against``'s seconds / the
+    variant's, the same seed's runs measured next to each other): their geometric mean, lowest
+    and highest."""
+    base = {x["seed"]: x["seconds"] for x in by.get(against, [])}
     ratios = [base[x["seed"]] / x["seconds"] for x in by.get(variant, []) if x["seed"] in base]
     if not ratios:
         return None
@@ -303,6 +304,8 @@ def summarize(runs: list[dict]) -> dict:
                             "episodes": statistics.fmean(x["episodes"] for x in xs),
                             "final_return": statistics.fmean(rets) if rets else None,
                             "paired_vs_sb3": paired_ratio(by, variant)}
+        if "warm" in row and "fixed" in row:
+            row["warm"]["paired_vs_fixed"] = paired_ratio(by, "warm", against="fixed")
         if "fixed" in row and "fresh" in row:
             gain = row["fixed"]["speedup_vs_sb3"] - 1.0
             row["captured_gain"] = (row["fresh"]["speedup_vs_sb3"] - 1.0) / gain if gain > 0.05 else None
@@ -327,8 +330,8 @@ def table(out: dict) -> str:
                 return f"{row[v]['speedup_vs_sb3']:.2f}x"
             return f"{p['geomean']:.2f}x ({p['min']:.2f}-{p['max']:.2f})"
 
-        wf = (f"{row['fixed']['median_seconds'] / row['warm']['median_seconds']:.2f}x"
-              if "warm" in row and "fixed" in row else "-")
+        pw = row.get("warm", {}).get("paired_vs_fixed")  # seed-paired, as the columns before it
+        wf = f"{pw['geomean']:.2f}x ({pw['min']:.2f}-{pw['max']:.2f})" if pw else "-"
         cap = f"{row['captured_gain']:.0%}" if row.get("captured_gain") is not None else "-"
         eps = f"{row['sb3']['episodes']:.0f}/{row['fresh']['episodes']:.0f}" if "fresh" in row else "-"
         lines.append(f"| {key} | " + " | ".join(s(v) for v in variants) +

@@ -243,3 +243,16 @@ def test_online_e2e_pairs_each_variant_with_the_same_seeds_sb3_run():
     p = summarize(runs)["w@30s"]["fresh"]["paired_vs_sb3"]
     assert p["seeds"] == 2 and p["min"] == 0.8 and p["max"] == 1.0
     assert abs(p["geomean"] - 0.8 ** 0.5) < 1e-12  # not the ratio of medians (15 / 16.25)
+
+
+def test_online_e2e_pairs_warm_with_the_same_seeds_fixed_run():
+    from bench.online_e2e import summarize, table
+
+    runs = [{"workload": "w", "length": 30, "variant": v, "seed": seed, "seconds": s, "episodes": 1,
+             "final_return": None}
+            for seed, times in enumerate([(10.0, 9.0, 9.9, 9.0), (20.0, 18.0, 18.0, 18.0)])
+            for v, s in zip(("sb3", "fresh", "warm", "fixed"), times)]
+    row = summarize(runs)["w@30s"]
+    p = row["warm"]["paired_vs_fixed"]
+    assert p["seeds"] == 2 and p["max"] == 1.0 and abs(p["min"] - 9.0 / 9.9) < 1e-12
+    assert "0.91-1.00" in table({"summary": {"w@30s": row}})  # the table's warm/fixed column is this ratio
