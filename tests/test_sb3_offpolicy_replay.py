@@ -136,3 +136,33 @@ def test_the_cached_exploration_state_follows_every_setting():
         from stable_baselines3.common.noise import OrnsteinUhlenbeckActionNoise
 
         explore(model, False, OrnsteinUhlenbeckActionNoise(np.zeros(2), np.ones(2)))
+
+
+@pytest.mark.parametrize("config", [Config.serial(N), Config(num_actors=2, envs_per_actor=2)], ids=str)
+def test_a_noise_changed_in_place_reaches_the_replicas(config, one_thread):  # noqa: F811
+    """A callback may anneal ``action_noise._sigma`` in place: the next collect acts with it,
+    in the caller's replica and in replicas elsewhere. No training (``gradient_steps=0``),
+    so with sigma 0 the stored actions are the actor's own."""
+    import torch
+
+    env = make_vec_env("Pendulum-v1", n_envs=N, seed=4)
+    noise = NormalActionNoise(np.zeros(1), 0.5 * np.ones(1))
+    model = TD3("MlpPolicy", env, learning_starts=0, train_freq=1, gradient_steps=0, buffer_size=500,
+                policy_kwargs={"net_arch": [8]}, seed=4, device="cpu", action_noise=noise)
+    wrap_sb3(model, config=config, tune=False)
+
+    def actor_gap(rows: slice) -> float:
+        b = model.replay_buffer
+        with torch.no_grad():
+            own = model.policy.actor(torch.as_tensor(b.observations[rows].reshape(-1, 3))).numpy()
+        return float(np.abs(b.actions[rows].reshape(-1, 1) - own).max())
+
+    try:
+        model.learn(40)
+        for part in model.action_noise.noises:  # learn() made one copy per env of the noise given
+            part._sigma *= 0.0
+        model.learn(40, reset_num_timesteps=False)
+    finally:
+        unwrap_sb3(model)
+    assert actor_gap(slice(0, 10)) > 0.1  # the noise was there
+    assert actor_gap(slice(10, 20)) < 1e-5

@@ -328,14 +328,15 @@ class ModelViews:
         # The live parameters and buffers, not state_dict's detached copies of them: an
         # assignment of .data changes the parameter's storage, never the detached tensor's.
         self.tensors = [(k, _live(policy, k, v)) for k, v in policy.state_dict().items() if k.startswith(prefix)]
-        self.ptrs = [v.data_ptr() for _, v in self.tensors]
+        self._live = [v for _, v in self.tensors]  # (read twice a collect: a flat list is the cheapest walk)
+        self.ptrs = [v.data_ptr() for v in self._live]
         # Held, the storage seen here stays alive: new storage never gets one of these addresses.
         self._held = [v.detach() for _, v in self.tensors]
         self.views = ({k: v.detach().numpy() for k, v in self.tensors}
                       if all(v.device.type == "cpu" for _, v in self.tensors) else None)
 
     def valid(self, policy: Any) -> bool:
-        return policy is self.policy and all(v.data_ptr() == p for (_, v), p in zip(self.tensors, self.ptrs))
+        return policy is self.policy and [v.data_ptr() for v in self._live] == self.ptrs
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The weights: views of the live tensors on the CPU (as ``.numpy()`` gave before), copies elsewhere."""
@@ -344,7 +345,7 @@ class ModelViews:
         return {k: v.detach().cpu().numpy() for k, v in self.tensors}
 
     def token(self) -> tuple:
-        return self.generation, tuple(v._version for _, v in self.tensors)
+        return self.generation, tuple([v._version for v in self._live])
 
 
 def _live(module: Any, name: str, fallback: Any) -> Any:
