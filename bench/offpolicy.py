@@ -11,10 +11,14 @@
    costs) under serial, one actor with env degree 2 and 4, and two actors, beside plain SB3's
    ``predict`` + ``step`` on ``DummyVecEnv`` and ``SubprocVecEnv``, with the SAC actor on the
    MuJoCo env, measured in interleaved rounds (``--per-collect`` runs this section alone).
+4. The face's own cost per 1-step collect (``--face``): SB3's ``collect_rollouts`` against the
+   wrapped one, each less its env and policy work, with the acting weights written between
+   collects as training does (see :class:`_FaceCollect`).
 
 Run (the lead's numbers, on a quiet machine):
     python -m bench.offpolicy --steps 20000 --repeats 2 --parity-steps 30000 --parity-seeds 2
 Per-collect only: python -m bench.offpolicy --per-collect [--collects 500 --rounds 5]
+The face's own per-collect cost (4.): python -m bench.offpolicy --face --algos sac,dqn [--collects 500 --rounds 9]
 Parity only: python -m bench.offpolicy --parity-only --parity-steps 30000 --parity-seeds 2
 Smoke (seconds): python -m bench.offpolicy --tiny
 """
@@ -179,6 +183,104 @@ def per_collect(env_id: str, n_envs: int, collects: int, rounds: int, layouts=No
     return out
 
 
+class _FaceCollect:
+    """One ``collect_rollouts`` of ``train_freq=1`` (what SB3's ``learn`` runs between two
+    gradient steps), of plain SB3 on DummyVecEnv or of the wrapped model (the default: online
+    tuner, run until it locks in). Each call first writes the acting weights in place, untimed,
+    as a gradient step does (so the face publishes as in training), then times the collect and,
+    apart, its env and policy work: the executor's collect (wrapped) or ``predict`` + ``step``
+    (SB3). What is left, ``outer``, is each loop's own per-collect cost: the replay, callbacks,
+    buffer writes, publish, tuner and logging."""
+
+    def __init__(self, algo: str, env_id: str, n_envs: int, wrapped: bool, tiny: bool = False):
+        import auturi
+
+        self.model = m = make_model(algo, env_id, n_envs, 0, "dummy", tiny)
+        m.learning_starts, m.train_freq = 0, m.train_freq._replace(frequency=1)
+        self.wrapped, self.inner = wrapped, 0.0
+        if wrapped:
+            auturi.wrap(m)
+        _, self.callback = m._setup_learn(10**9, None, True, "face", False)
+        self.callback.on_training_start(locals(), globals())
+        parts = [(m.auturi.executor, "collect")] if wrapped else [(m, "predict"), (m.env, "step_async"),
+                                                                  (m.env, "step_wait")]
+        for obj, name in parts:
+            setattr(obj, name, self._timed(getattr(obj, name)))
+        acting = getattr(m.policy, "actor", None) or getattr(m.policy, "q_net", None) or m.policy
+        self.params = list(acting.parameters())
+        tuner = m.auturi.tuner if wrapped else None
+        for _ in range(5000 if tuner is not None else 20):
+            self.collect()
+            if tuner is not None and tuner.phase == "locked":
+                break
+
+    def _timed(self, f):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                self.inner += time.perf_counter() - t0
+        return call
+
+    def collect(self) -> None:
+        m = self.model
+        m.collect_rollouts(m.env, callback=self.callback, train_freq=m.train_freq, replay_buffer=m.replay_buffer,
+                           action_noise=m.action_noise, learning_starts=0, log_interval=4)
+
+    def sample(self, collects: int) -> tuple[float, float]:
+        """Median microseconds per collect: total and outer."""
+        import torch
+
+        total, outer = [], []
+        for _ in range(collects):
+            with torch.no_grad():
+                for p in self.params:
+                    p.mul_(1.0)  # a new version, as an optimizer step makes
+            self.inner = 0.0
+            t0 = time.perf_counter()
+            self.collect()
+            t = time.perf_counter() - t0
+            total.append(t * 1e6)
+            outer.append((t - self.inner) * 1e6)
+        return statistics.median(total), statistics.median(outer)
+
+    def close(self) -> None:
+        import auturi
+
+        if self.wrapped:
+            auturi.unwrap(self.model)
+        self.model.env.close()
+
+
+def face_cost(algos: list[str], env_id: str, n_envs: int, collects: int, rounds: int, tiny: bool = False) -> dict:
+    """Per 1-step collect, plain SB3's ``collect_rollouts`` vs the wrapped model's (see
+    :class:`_FaceCollect`), rounds interleaved; ``outer_extra_us``: the face's own cost over
+    SB3's loop (median of the per-round differences)."""
+    out: dict = {}
+    for algo in algos:
+        env = env_id if algo != "dqn" else "CartPole-v1"
+        runners = {"sb3": _FaceCollect(algo, env, n_envs, False, tiny),
+                   "wrap": _FaceCollect(algo, env, n_envs, True, tiny)}
+        try:
+            rows = {k: [] for k in runners}
+            for i in range(rounds):
+                for k in rotated(list(runners), i):
+                    rows[k].append(runners[k].sample(collects))
+        finally:
+            for r in runners.values():
+                r.close()
+        res = {k: {"total_us": statistics.median(x[0] for x in xs), "outer_us": statistics.median(x[1] for x in xs)}
+               for k, xs in rows.items()}
+        res["outer_extra_us"] = statistics.median(w[1] - s[1] for w, s in zip(rows["wrap"], rows["sb3"]))
+        res["env"] = env
+        out[algo] = res
+        print(f"face {algo} {env}: SB3 {res['sb3']['total_us']:.0f} us/collect (outer {res['sb3']['outer_us']:.0f}), "
+              f"wrapped {res['wrap']['total_us']:.0f} (outer {res['wrap']['outer_us']:.0f}); the face's outer over "
+              f"SB3's: {res['outer_extra_us']:+.0f} us", flush=True)
+    return out
+
+
 def print_per_collect(res: dict) -> None:
     for name, row in res.items():
         print(f"{name:12s} {row['median']:8.0f} us/collect ±{100 * row['spread']:.0f}%  "
@@ -199,6 +301,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the per-collect section")
     ap.add_argument("--per-collect", action="store_true",
                     help="only the per-collect section (us per 1-step collect, layouts and SB3 peers)")
+    ap.add_argument("--face", action="store_true",
+                    help="only the face's per-collect cost: SB3's collect_rollouts vs the wrapped one (--algos)")
     ap.add_argument("--parity-only", action="store_true",
                     help="only the learning-parity section (SB3 vs wrapped returns per seed)")
     ap.add_argument("--tiny", action="store_true", help="smoke run: a few hundred steps, small nets")
@@ -221,6 +325,9 @@ def main(argv=None) -> dict:
         out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
         print_per_collect(out["collect_us"])
         return _save(out, args.out.replace(".json", "_per_collect.json"))
+    if args.face:
+        out["face_us"] = face_cost(args.algos.split(","), mujoco, args.n_envs, args.collects, args.rounds, args.tiny)
+        return _save(out, args.out.replace(".json", "_face.json"))
     if args.parity_only:
         out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
         return _save(out, args.out.replace(".json", "_parity.json"))

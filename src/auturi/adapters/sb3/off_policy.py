@@ -110,23 +110,13 @@ class OffPolicyAdapter(ReplicaNet):
         self.dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else 1
         self.noise_dim = 2 * self.dim
         self.settings = {"warmup": 0.0, "epsilon": 0.0, "noise_mean": None, "noise_sigma": None}
-        self._seen: dict[str, Any] = {}  # key -> the state's object its setting was read from
-
-    def __getstate__(self) -> dict:
-        d = super().__getstate__()
-        d["_seen"] = {}  # a replica elsewhere reads its first state in full
-        return d
 
     def load_state(self, state: Any) -> None:
         super().load_state(state)
-        seen = self._seen
         for key in self.settings:
-            raw = state.get(STATE_PREFIX + key)
-            if raw is None or raw is seen.get(key):
-                continue  # the very array loaded last time (the caller's cached settings, every collect)
-            value = np.asarray(raw)
-            self.settings[key] = float(value.reshape(-1)[0]) if key in ("warmup", "epsilon") else value
-            seen[key] = raw
+            if STATE_PREFIX + key in state:
+                value = np.asarray(state[STATE_PREFIX + key])
+                self.settings[key] = float(value.reshape(-1)[0]) if key in ("warmup", "epsilon") else value
 
     def act(self, obs: np.ndarray, noise: np.ndarray):
         if isinstance(self.action_space, gym.spaces.Discrete):
