@@ -1,4 +1,4 @@
-"""How an env worker waits for its next row in the lockstep loop (``worker.row_spin``): it
+"""How an env worker waits for its next row in the lockstep loop (``row_wait.row_spin``): it
 polls (yielding) while the layout's processes fit the cores, and blocks at once when they
 outnumber them, where polling only took turns with the workers that had a row to step
 (issue 19 item 4, counted with ``python -m bench.rowcount``). The data stays the serial
@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 
 import auturi
-from auturi.executor.shm import worker
+from auturi.executor.shm import row_wait
 from tests.helpers import assert_same
 
 
@@ -25,10 +25,10 @@ def _ended_pid() -> int:
 
 def test_row_spin_blocks_only_when_processes_outnumber_cores():
     ctrl = {"pid": np.array([os.getpid(), os.getppid(), 0, _ended_pid()], np.int64)}
-    assert worker.live_processes(ctrl) == 3  # the caller, and the two live pids; not the ended one
-    assert worker.row_spin(ctrl, 1e-3, cores=2) == 0.0
-    assert worker.row_spin(ctrl, 1e-3, cores=3) == 1e-3
-    assert worker.row_spin(ctrl, 1e-3, cores=0) == 1e-3  # cores unknown: as before
+    assert row_wait.live_processes(ctrl) == 3  # the caller, and the two live pids; not the ended one
+    assert row_wait.row_spin(ctrl, 1e-3, cores=2) == 0.0
+    assert row_wait.row_spin(ctrl, 1e-3, cores=3) == 1e-3
+    assert row_wait.row_spin(ctrl, 1e-3, cores=0) == 1e-3  # cores unknown: as before
 
 
 def _voluntary_switches(pid: int) -> int:
@@ -43,7 +43,7 @@ def test_outnumbered_env_workers_block_between_rows_and_keep_the_data():
     """One env per process, one process more than the cores: every worker blocks once per
     row (a voluntary context switch each), where polling workers found most rows posted
     without blocking; and the rollout is the serial loop's."""
-    n = worker.usable_cores() + 1
+    n = row_wait.usable_cores() + 1
     rows = 200
     policy = auturi.ConstantPolicy(gym.spaces.Discrete(2))
     serial = auturi.make_executor("CartPole-v1", policy, n, config=auturi.Config.serial(n), backend="serial", seed=5)

@@ -22,6 +22,7 @@ from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
+from auturi.executor.shm import row_wait
 from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, REPLAN, RESET, STEP_ROW,
                                          THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
                                          read_name, write_error)
@@ -226,8 +227,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     keep_freed_memory()
     for var in THREAD_VARS:
         os.environ[var] = "1"
-    global USABLE_CORES
-    USABLE_CORES = usable_cores()  # before the pin below narrows this process's own
+    row_wait.remember_cores()  # before the pin below narrows this process's own
     if info.get("cpus"):
         # Spread env workers over the cores: woken by one process, the scheduler would
         # otherwise stack them on the waker's core and leave the others idle for
@@ -301,8 +301,8 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
             continue
         cmd = int(cmd_arr[slot])
         if cmd == STEP_ROW and kind == "env":
-            _serve_rows(slot, obj, ctrl, data, start_sem, done_sem, check_parent, row_spin(ctrl, spin), step_row,
-                        lo, hi)
+            _serve_rows(slot, obj, ctrl, data, start_sem, done_sem, check_parent, row_wait.row_spin(ctrl, spin),
+                        step_row, lo, hi)
             taken = True
             continue
         if cmd == EXIT:
@@ -359,49 +359,6 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
         done_sem.release()
         if status[slot] != OK and kind == "actor":
             return  # the caller tears everything down after an actor failed
-
-
-USABLE_CORES = 0
-"""The cores this process could run on when it started, before any pin (0: not known)."""
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 0
-
-
-def live_processes(ctrl: ArrayBlock) -> int:
-    """The caller and the workers of the control block that are alive (their pid words; a
-    worker of an earlier layout that ended left its pid behind, hence the check)."""
-    n = 1
-    for pid in ctrl["pid"].tolist():
-        if pid > 0:
-            try:
-                os.kill(pid, 0)
-                n += 1
-            except OSError:
-                pass
-    return n
-
-
-def row_spin(ctrl: ArrayBlock, spin: float, cores: int | None = None) -> float:
-    """How long an env worker polls for its next row in the lockstep loop: ``spin`` while the
-    layout's processes fit the cores, 0 (block at once) when they outnumber them.
-
-    Outnumbered, a worker that polls between rows only takes turns with the ones that have
-    work: each poll's ``sched_yield`` hands its core to the next runnable process, which is
-    as often another idle poller (it has used less CPU, so the scheduler prefers it) as the
-    worker with a row to step. Counted with ``python -m bench.rowcount`` (CartPole, one env
-    per process, 2 cores, load 4-10): at degree 16 the workers' context switches per row fell
-    from 58-72 to 15-16 (one block a row each) and their CPU per row from 733-1006 us to
-    400-513 us, and rows took 0.4-0.7x the time; at degree 4-8 likewise. Blocking costs the
-    caller a futex wake per worker and row, less than the polls cost everyone."""
-    cores = USABLE_CORES if cores is None else cores
-    if cores and live_processes(ctrl) > cores:
-        return 0.0
-    return spin
 
 
 def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_sem: Any, done_sem: Any,
