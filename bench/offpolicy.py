@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -315,8 +316,14 @@ def main(argv=None) -> dict:
                     help="only the learning-parity section (SB3 vs wrapped returns per seed)")
     ap.add_argument("--tiny", action="store_true", help="smoke run: a few hundred steps, small nets")
     ap.add_argument("--algos", default="sac,td3,dqn", help="comma-separated subset of sac,td3,dqn (end to end)")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated subset of {','.join(KINDS)} (end to end; dummy is the reference)")
+    ap.add_argument("--e2e-only", action="store_true", help="only the end-to-end section (no parity, no per-collect)")
     ap.add_argument("--out", default="bench/results/offpolicy.json")
     args = ap.parse_args(argv)
+    kinds = [k for k in KINDS if k in args.kinds.split(",")]
+    if "dummy" not in kinds or set(args.kinds.split(",")) - set(KINDS):
+        ap.error(f"--kinds: a subset of {','.join(KINDS)} with dummy in it, got {args.kinds!r}")
     if args.tiny:
         args.steps, args.repeats, args.parity_steps, args.parity_seeds, args.collects = 256, 1, 256, 1, 50
         args.rounds = 2
@@ -343,11 +350,15 @@ def main(argv=None) -> dict:
     workloads = [w for w in workloads if w[0] in args.algos.split(",")]
     for algo, env_id, n in workloads:
         for rep in range(args.repeats):
-            for kind in rotated(KINDS, rep):  # alternated and rotated: drift and position hit each alike
+            for kind in rotated(kinds, rep):  # alternated and rotated: drift and position hit each alike
                 r = learn_once(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny)
                 out["e2e"].append(r)
                 print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s return {r['return']:8.1f} "
                       f"{r['layout']}", flush=True)
+    out["summary"] = _summary(out["e2e"])
+    if args.e2e_only:
+        print(json.dumps(out["summary"], indent=1))
+        return _save(out, args.out)
     out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
     out["collect_us"] = per_collect(mujoco, args.n_envs, args.collects, args.rounds, tiny=args.tiny)
     print_per_collect(out["collect_us"])
@@ -380,12 +391,21 @@ def _save(out: dict, path: str) -> dict:
 
 
 def _summary(runs: list[dict]) -> dict:
-    """Median seconds per workload and kind, and each kind's speed-up over plain DummyVecEnv."""
+    """Per workload and kind: median seconds, the speed-up over plain DummyVecEnv of the medians,
+    and seed-paired (each repeat's DummyVecEnv run against the same repeat's run of the kind):
+    the geometric mean of those ratios, lowest and highest."""
     out: dict = {}
     for algo in sorted({r["algo"] for r in runs}):
-        med = {k: statistics.median(r["seconds"] for r in runs if r["algo"] == algo and r["kind"] == k)
-               for k in KINDS}
-        out[algo] = {k: {"median_seconds": v, "speedup_vs_dummy": med["dummy"] / v} for k, v in med.items()}
+        mine = [r for r in runs if r["algo"] == algo]
+        base = {r["seed"]: r["seconds"] for r in mine if r["kind"] == "dummy"}
+        out[algo] = {}
+        for k in [k for k in KINDS if any(r["kind"] == k for r in mine)]:
+            secs = {r["seed"]: r["seconds"] for r in mine if r["kind"] == k}
+            ratios = [base[s] / v for s, v in secs.items() if s in base]
+            out[algo][k] = {"median_seconds": statistics.median(secs.values()),
+                            "speedup_vs_dummy": statistics.median(base.values()) / statistics.median(secs.values()),
+                            "paired_vs_dummy": {"geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
+                                                "min": min(ratios), "max": max(ratios), "repeats": len(ratios)}}
     return out
 
 

@@ -256,3 +256,14 @@ def test_online_e2e_pairs_warm_with_the_same_seeds_fixed_run():
     p = row["warm"]["paired_vs_fixed"]
     assert p["seeds"] == 2 and p["max"] == 1.0 and abs(p["min"] - 9.0 / 9.9) < 1e-12
     assert "0.91-1.00" in table({"summary": {"w@30s": row}})  # the table's warm/fixed column is this ratio
+
+
+def test_offpolicy_summary_pairs_each_kind_with_the_same_repeats_dummy_run():
+    from bench.offpolicy import _summary
+
+    runs = [{"algo": "sac", "kind": k, "seed": rep, "seconds": s}
+            for rep, times in enumerate([(10.0, 12.5), (20.0, 20.0)]) for k, s in zip(("dummy", "wrap"), times)]
+    p = _summary(runs)["sac"]["wrap"]["paired_vs_dummy"]
+    assert p["repeats"] == 2 and p["min"] == 0.8 and p["max"] == 1.0
+    assert abs(p["geomean"] - 0.8 ** 0.5) < 1e-12  # not the ratio of medians (15 / 16.25)
+    assert set(_summary(runs)["sac"]) == {"dummy", "wrap"}  # kinds not run are left out
