@@ -160,7 +160,8 @@ def test_train_feeds_the_learner_the_sampled_episodes(name):
         assert er["num_env_steps_sampled"] == batch, i
         assert er["num_env_steps_sampled_lifetime"] == (i + 1) * batch, i
         if env == "CartPole-v1" and "episode_len_mean" in er:  # every CartPole reward is 1
-            assert er["episode_len_mean"] == pytest.approx(er["episode_return_mean"])
+            # both NaN in an iteration where no episode ended (APPO/IMPALA report such ones)
+            assert er["episode_len_mean"] == pytest.approx(er["episode_return_mean"], nan_ok=True)
     if buffered is not None:
         assert buffered == iters * batch
         assert results[-1]["learners"]["default_policy"]["num_module_steps_trained_lifetime"] > 0
