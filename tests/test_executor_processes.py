@@ -18,9 +18,7 @@ from auturi.executor.shm.channel import SPIN_SECONDS
 
 
 def test_a_polling_waiter_yields_its_core_between_polls(monkeypatch):
-    """Waiters poll before blocking, whatever the number of processes per core (except an env
-    worker between rows when the layout's processes outnumber the cores: it blocks at once,
-    ``shm/row_wait.py``), and that is only
+    """Waiters poll before blocking, whatever the number of processes per core, and that is only
     safe because each poll gives the core to whoever else has work there (without the yield,
     a poller holds its core for a whole time slice while the process it waits for cannot run:
     the thesis' collapse). Polling a semaphore nobody posts must yield between polls, stop

@@ -60,10 +60,7 @@ first (the thesis' workers polled without yielding and collapsed ~700x once proc
 outnumbered cores; with the yield, a bare prototype of 16 workers on 2 cores ran 1.6-2.5x
 faster than blocking, and of 64 workers 1.4-1.7x). 1 ms covers a row of 64 cheap envs on 2
 cores; shorter windows measured the same at 64 workers and slower at 16. Between collects
-everyone blocks after it. One exception: an env worker waiting for its next row blocks at
-once when the layout's processes outnumber the cores (``row_wait.row_spin``: counted per row,
-its polls there only took turns with the workers that had a row). ``AUTURI_SPIN_SECONDS``
-overrides it (0: always block)."""
+everyone blocks after it. ``AUTURI_SPIN_SECONDS`` overrides it (0: always block)."""
 
 _yield = getattr(os, "sched_yield", lambda: None)
 

@@ -22,7 +22,6 @@ from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm import row_wait
 from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, REPLAN, RESET, STEP_ROW,
                                          THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
                                          read_name, write_error)
@@ -227,7 +226,6 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     keep_freed_memory()
     for var in THREAD_VARS:
         os.environ[var] = "1"
-    row_wait.remember_cores()  # before the pin below narrows this process's own
     if info.get("cpus"):
         # Spread env workers over the cores: woken by one process, the scheduler would
         # otherwise stack them on the waker's core and leave the others idle for
@@ -301,8 +299,7 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
             continue
         cmd = int(cmd_arr[slot])
         if cmd == STEP_ROW and kind == "env":
-            _serve_rows(slot, obj, ctrl, data, start_sem, done_sem, check_parent, row_wait.row_spin(ctrl, spin),
-                        step_row, lo, hi)
+            _serve_rows(slot, obj, ctrl, data, start_sem, done_sem, check_parent, spin, step_row, lo, hi)
             taken = True
             continue
         if cmd == EXIT:
