@@ -19,6 +19,7 @@ Run (the lead's numbers, on a quiet machine):
     python -m bench.offpolicy --steps 20000 --repeats 2 --parity-steps 30000 --parity-seeds 2
 Per-collect only: python -m bench.offpolicy --per-collect [--collects 500 --rounds 5]
 The face's own per-collect cost (4.): python -m bench.offpolicy --face --algos sac,dqn [--collects 500 --rounds 9]
+In one process, chunks alternated: python -m bench.offpolicy --interleaved 10 --steps 2000 --algos sac,td3,dqn
 Parity only: python -m bench.offpolicy --parity-only --parity-steps 30000 --parity-seeds 2
 Smoke (seconds): python -m bench.offpolicy --tiny
 """
@@ -319,6 +320,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--kinds", default=",".join(KINDS),
                     help=f"comma-separated subset of {','.join(KINDS)} (end to end; dummy is the reference)")
     ap.add_argument("--e2e-only", action="store_true", help="only the end-to-end section (no parity, no per-collect)")
+    ap.add_argument("--interleaved", type=int, metavar="ROUNDS", default=0,
+                    help="only end to end in one process: plain and wrapped learn in alternated chunks (--steps "
+                         "each), this many rounds (see interleaved())")
     ap.add_argument("--out", default="bench/results/offpolicy.json")
     args = ap.parse_args(argv)
     kinds = [k for k in KINDS if k in args.kinds.split(",")]
@@ -343,6 +347,10 @@ def main(argv=None) -> dict:
     if args.face:
         out["face_us"] = face_cost(args.algos.split(","), mujoco, args.n_envs, args.collects, args.rounds, args.tiny)
         return _save(out, args.out.replace(".json", "_face.json"))
+    if args.interleaved:
+        out["interleaved"] = interleaved(args.algos.split(","), mujoco, args.n_envs, args.steps, args.interleaved,
+                                         args.tiny)
+        return _save(out, args.out.replace(".json", "_interleaved.json"))
     if args.parity_only:
         out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
         return _save(out, args.out.replace(".json", "_parity.json"))
@@ -365,6 +373,60 @@ def main(argv=None) -> dict:
     out["summary"] = _summary(out["e2e"])
     print(json.dumps(out["summary"], indent=1))
     return _save(out, args.out)
+
+
+def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: int, tiny: bool) -> dict:
+    """``learn`` end to end with the two runs in one process: a plain SB3 model (DummyVecEnv)
+    and an ``auturi.wrap(model)`` one (the default: online tuning) built alike, then ``learn``
+    in chunks of ``chunk`` steps alternated between them, ``rounds`` times each (the order
+    flips every round), ``collect_rollouts`` and ``train`` timed apart. Per-process runs of 15 s
+    read +-8% here from one run to the next (the host); chunks seconds apart share its state,
+    so the ratio of paired chunks measures what the wrap itself costs."""
+    import auturi
+
+    out = {}
+    for algo in algos:
+        env = "CartPole-v1" if algo == "dqn" else env_id
+        models, acc = {}, {}
+        for kind in ("dummy", "wrap"):
+            m = make_model(algo, env, n_envs, 0, "dummy", tiny)
+            if kind == "wrap":
+                auturi.wrap(m)
+            acc[kind] = a = {"collect": 0.0, "train": 0.0}
+            for name in ("collect_rollouts", "train"):
+                setattr(m, name, _phase_timer(getattr(m, name), a, name.split("_")[0]))
+            m.learn(chunk)  # learning_starts, warm-up and the tuner's first collects: not measured
+            models[kind] = m
+        rows: dict[str, list] = {"dummy": [], "wrap": []}
+        for r in range(rounds):
+            for kind in (("dummy", "wrap") if r % 2 == 0 else ("wrap", "dummy")):
+                a = acc[kind]
+                a.update(collect=0.0, train=0.0)
+                t0 = time.perf_counter()
+                models[kind].learn(chunk, reset_num_timesteps=False)
+                rows[kind].append({"seconds": time.perf_counter() - t0, **a})
+        tuner = getattr(models["wrap"].auturi, "tuner", None)
+        out[algo] = {"env": env, "chunk": chunk, "rounds": rows, "layout": str(models["wrap"].auturi.config),
+                     "phase": tuner.phase if tuner is not None else None,
+                     "paired": {part: statistics.median(d[part] / w[part] for d, w in zip(rows["dummy"], rows["wrap"]))
+                                for part in ("seconds", "collect", "train")}}
+        p = out[algo]["paired"]
+        print(f"interleaved {algo} {env}: wrap vs DummyVecEnv {p['seconds']:.3f}x (collect {p['collect']:.3f}x, "
+              f"train {p['train']:.3f}x; medians of {rounds} paired chunks) {out[algo]['layout']}", flush=True)
+        auturi.unwrap(models["wrap"])
+        for m in models.values():
+            m.env.close()
+    return out
+
+
+def _phase_timer(f, acc: dict, key: str):
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t0
+    return call
 
 
 def parity(steps: int, seeds: int, tiny: bool, dqn_steps: int = 50_000) -> list[dict]:
