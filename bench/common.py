@@ -99,3 +99,20 @@ def rotated(items: Sequence[Any], k: int) -> list:
     """
     k = k % len(items) if items else 0
     return list(items[k:]) + list(items[:k])
+
+
+def paired_ratios(base: dict, other: dict) -> dict[str, float] | None:
+    """``base[k] / other[k]`` for every key both have (a seed, a repeat: runs measured next to
+    each other): their geometric mean, lowest, highest and count ``n``; ``None`` when none pair.
+
+    >>> paired_ratios({0: 10.0, 1: 20.0}, {0: 12.5, 1: 20.0})["max"]
+    1.0
+    """
+    import math
+    import statistics
+
+    ratios = [base[k] / v for k, v in other.items() if k in base]
+    if not ratios:
+        return None
+    return {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "min": min(ratios),
+            "max": max(ratios), "n": len(ratios)}

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import time
 
-from bench.common import machine_header, rotated, summarize
+from bench.common import machine_header, paired_ratios, rotated, summarize
 
 KINDS = ("dummy", "subproc", "wrap", "fixed")
 
@@ -463,11 +462,11 @@ def _summary(runs: list[dict]) -> dict:
         out[algo] = {}
         for k in [k for k in KINDS if any(r["kind"] == k for r in mine)]:
             secs = {r["seed"]: r["seconds"] for r in mine if r["kind"] == k}
-            ratios = [base[s] / v for s, v in secs.items() if s in base]
+            p = paired_ratios(base, secs)
             out[algo][k] = {"median_seconds": statistics.median(secs.values()),
                             "speedup_vs_dummy": statistics.median(base.values()) / statistics.median(secs.values()),
-                            "paired_vs_dummy": {"geomean": math.exp(statistics.fmean(math.log(x) for x in ratios)),
-                                                "min": min(ratios), "max": max(ratios), "repeats": len(ratios)}}
+                            "paired_vs_dummy": p and {"geomean": p["geomean"], "min": p["min"], "max": p["max"],
+                                                      "repeats": p["n"]}}
     return out
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bench.common import machine_header, rotated
+from bench.common import machine_header, paired_ratios, rotated
 
 
 # ---------------------------------------------------------------------------- workloads
@@ -278,12 +277,9 @@ def paired_ratio(by: dict[str, list[dict]], variant: str, against: str = "sb3") 
     """``variant`` against ``against`` (plain SB3) seed by seed (``against``'s seconds / the
     variant's, the same seed's runs measured next to each other): their geometric mean, lowest
     and highest."""
-    base = {x["seed"]: x["seconds"] for x in by.get(against, [])}
-    ratios = [base[x["seed"]] / x["seconds"] for x in by.get(variant, []) if x["seed"] in base]
-    if not ratios:
-        return None
-    return {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "min": min(ratios),
-            "max": max(ratios), "seeds": len(ratios)}
+    p = paired_ratios({x["seed"]: x["seconds"] for x in by.get(against, [])},
+                      {x["seed"]: x["seconds"] for x in by.get(variant, [])})
+    return None if p is None else {"geomean": p["geomean"], "min": p["min"], "max": p["max"], "seeds": p["n"]}
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -141,6 +141,9 @@ def restart_cut_episodes(model: Any, h: SB3Handle, starts: np.ndarray, raw_obs: 
     one's reward statistics when missed; the reset observation enters the observation
     statistics), and the count of cut episodes (``auturi/cut_episodes``): they end in no
     Monitor record, so the episode statistics miss them (and lean to the shorter episodes)."""
+    if True not in np.asarray(starts).tolist():  # no env restarted, nothing cut (a 1-step collect's common case;
+        model.logger.record("auturi/cut_episodes", h.cut_episodes)  # a list test ~0.2 us, the masks below ~2)
+        return
     cut = np.asarray(starts, dtype=bool) & ~np.asarray(model._last_episode_starts, dtype=bool)
     h.cut_episodes += int(cut.sum())
     model.logger.record("auturi/cut_episodes", h.cut_episodes)
