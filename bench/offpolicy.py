@@ -41,6 +41,8 @@ def mujoco_env(preferred: str) -> str:
     """``preferred`` when gymnasium can make it (MuJoCo installed), else Pendulum-v1."""
     import gymnasium as gym
 
+    if preferred.startswith("auturi/"):
+        import auturi.envs.testing  # noqa: F401 - registers the ids
     try:
         gym.make(preferred).close()
         return preferred
@@ -63,7 +65,12 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     vec_cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
-    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_cls)
+    env_kwargs = None
+    if env_id.startswith("auturi/"):  # auturi's test envs (auturi/Slow-v0: 1 ms a step); Box actions off-policy
+        import auturi.envs.testing  # noqa: F401 - registers the ids
+
+        env_kwargs = {"action": "discrete" if algo == "dqn" else "box"}
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_cls, env_kwargs=env_kwargs)
     kw = {"buffer_size": 100_000, "seed": seed, "device": "cpu", "verbose": 0}
     if tiny:
         kw.update(learning_starts=32, batch_size=32, policy_kwargs={"net_arch": [32, 32]})
@@ -298,7 +305,9 @@ def print_per_collect(res: dict) -> None:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mujoco", default="HalfCheetah-v5")
+    ap.add_argument("--mujoco", default="HalfCheetah-v5",
+                    help="SAC/TD3's env (a gymnasium id; auturi/Slow-v0: a 1 ms step, as a remote simulator's)")
+    ap.add_argument("--dqn-env", default="CartPole-v1", help="DQN's env in --interleaved")
     ap.add_argument("--n-envs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20_000, help="env steps per learn (all envs)")
     ap.add_argument("--repeats", type=int, default=2)
@@ -322,6 +331,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--interleaved", type=int, metavar="ROUNDS", default=0,
                     help="only end to end in one process: plain and wrapped learn in alternated chunks (--steps "
                          "each), this many rounds (see interleaved())")
+    ap.add_argument("--no-control", action="store_true",
+                    help="--interleaved without the second plain model (the plain-against-plain control)")
     ap.add_argument("--out", default="bench/results/offpolicy.json")
     args = ap.parse_args(argv)
     kinds = [k for k in KINDS if k in args.kinds.split(",")]
@@ -348,7 +359,7 @@ def main(argv=None) -> dict:
         return _save(out, args.out.replace(".json", "_face.json"))
     if args.interleaved:
         out["interleaved"] = interleaved(args.algos.split(","), mujoco, args.n_envs, args.steps, args.interleaved,
-                                         args.tiny)
+                                         args.tiny, control=not args.no_control, dqn_env=args.dqn_env)
         return _save(out, args.out.replace(".json", "_interleaved.json"))
     if args.parity_only:
         out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
@@ -374,20 +385,27 @@ def main(argv=None) -> dict:
     return _save(out, args.out)
 
 
-def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: int, tiny: bool) -> dict:
-    """``learn`` end to end with the two runs in one process: a plain SB3 model (DummyVecEnv)
-    and an ``auturi.wrap(model)`` one (the default: online tuning) built alike, then ``learn``
-    in chunks of ``chunk`` steps alternated between them, ``rounds`` times each (the order
-    flips every round), ``collect_rollouts`` and ``train`` timed apart. Per-process runs of 15 s
-    read +-8% here from one run to the next (the host); chunks seconds apart share its state,
-    so the ratio of paired chunks measures what the wrap itself costs."""
+def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: int, tiny: bool,
+                control: bool = True, dqn_env: str = "CartPole-v1") -> dict:
+    """``learn`` end to end with the runs in one process: a plain SB3 model (DummyVecEnv), an
+    ``auturi.wrap(model)`` one (the default: online tuning) and, with ``control``, a second
+    plain model built like the first, then ``learn`` in chunks of ``chunk`` steps rotated
+    between them, ``rounds`` times each, ``collect_rollouts`` and ``train`` timed apart.
+    Per-process runs of 15 s read +-8% here from one run to the next (the host); chunks
+    seconds apart share its state, so the ratio of a round's chunks measures what the wrap
+    itself costs. The control (plain against plain, the same work) shows how far that ratio
+    moves with no difference at all: on this host a DQN CartPole chunk of 4,000 steps read
+    0.67-1.36x against its twin. Each ratio: the median of the rounds' ratios with its
+    distribution-free 95% interval (``auturi.tuner.measure.median_interval``)."""
     import auturi
+    from auturi.tuner.measure import median_interval
 
+    kinds = ("dummy", "wrap") + (("control",) if control else ())
     out = {}
     for algo in algos:
-        env = "CartPole-v1" if algo == "dqn" else env_id
+        env = dqn_env if algo == "dqn" else env_id
         models, acc = {}, {}
-        for kind in ("dummy", "wrap"):
+        for kind in kinds:
             m = make_model(algo, env, n_envs, 0, "dummy", tiny)
             if kind == "wrap":
                 auturi.wrap(m)
@@ -396,26 +414,40 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
                 setattr(m, name, _phase_timer(getattr(m, name), a, name.split("_")[0]))
             m.learn(chunk)  # learning_starts, warm-up and the tuner's first collects: not measured
             models[kind] = m
-        rows: dict[str, list] = {"dummy": [], "wrap": []}
+        rows: dict[str, list] = {kind: [] for kind in kinds}
         for r in range(rounds):
-            for kind in (("dummy", "wrap") if r % 2 == 0 else ("wrap", "dummy")):
+            order = rotated(kinds, r)
+            for kind in (order if r % 2 == 0 else order[::-1]):  # every kind in every position alike
                 a = acc[kind]
                 a.update(collect=0.0, train=0.0)
                 t0 = time.perf_counter()
                 models[kind].learn(chunk, reset_num_timesteps=False)
                 rows[kind].append({"seconds": time.perf_counter() - t0, **a})
         tuner = getattr(models["wrap"].auturi, "tuner", None)
-        out[algo] = {"env": env, "chunk": chunk, "rounds": rows, "layout": str(models["wrap"].auturi.config),
-                     "phase": tuner.phase if tuner is not None else None,
-                     "paired": {part: statistics.median(d[part] / w[part] for d, w in zip(rows["dummy"], rows["wrap"]))
-                                for part in ("seconds", "collect", "train")}}
-        p = out[algo]["paired"]
-        print(f"interleaved {algo} {env}: wrap vs DummyVecEnv {p['seconds']:.3f}x (collect {p['collect']:.3f}x, "
-              f"train {p['train']:.3f}x; medians of {rounds} paired chunks) {out[algo]['layout']}", flush=True)
+        rec = {"env": env, "chunk": chunk, "rounds": rows, "layout": str(models["wrap"].auturi.config),
+               "phase": tuner.phase if tuner is not None else None}
+        for name in kinds[1:]:  # dummy's time over wrap's (or the control's): above 1, dummy is slower
+            rec[f"paired_{name}"] = {part: _median_and_interval(
+                [d[part] / o[part] for d, o in zip(rows["dummy"], rows[name])], median_interval)
+                for part in ("seconds", "collect", "train")}
+        rec["paired"] = {part: v["median"] for part, v in rec["paired_wrap"].items()}
+        out[algo] = rec
+        for name in kinds[1:]:
+            p = rec[f"paired_{name}"]
+            print(f"interleaved {algo} {env}: {name} vs DummyVecEnv " + ", ".join(
+                f"{part} {v['median']:.3f}x [{v['low']:.3f}, {v['high']:.3f}]" for part, v in p.items())
+                + f" (medians of {rounds} rounds, {p['seconds']['confidence']:.0%} intervals)"
+                + (f" {rec['layout']}" if name == "wrap" else ""),
+                flush=True)
         auturi.unwrap(models["wrap"])
         for m in models.values():
             m.env.close()
     return out
+
+
+def _median_and_interval(ratios: list[float], median_interval) -> dict:
+    med, lo, hi, conf = median_interval(ratios)
+    return {"median": med, "low": lo, "high": hi, "confidence": conf, "n": len(ratios)}
 
 
 def _phase_timer(f, acc: dict, key: str):

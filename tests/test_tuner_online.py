@@ -409,6 +409,56 @@ def test_with_few_collects_left_no_move_is_tried_and_serial_is_locked_in():
     assert online.result().online["declined"] == online.declined
 
 
+def test_a_choice_a_short_run_cached_binds_runs_as_short_but_not_a_longer_one(tmp_path):
+    """A short run declines the predicted best (it would not pay back in 8 collects) and caches
+    serial: a run as short takes it as it is; a long one confirms it, then searches on
+    from it, because the declined move pays back over its collects."""
+    short = model_online(ProfiledFake(), cache=tmp_path)
+    for left in range(8, -1, -1):
+        short.collect(64, remaining_collects=left)
+    assert short.locked_config == Config.serial(N16) and short.declined
+    assert short.result().online["locked"] is True
+
+    again = model_online(ProfiledFake(), cache=tmp_path)
+    for left in range(8, -1, -1):
+        again.collect(64, remaining_collects=left)
+    assert [t.source for t in again.history] == ["cache"]  # as short: the record is its answer
+
+    ex = ProfiledFake()
+    events = []
+    long = model_online(ex, cache=tmp_path, callback=events.append)
+    best = max(SPACE16.configs, key=lambda c: predict(c, TRUE))
+    left = 2000
+    while long.phase != "locked":
+        long.collect(64, remaining_collects=left)
+        left -= 1
+    assert long.history[0].source == "cache" and long.history[0].config == Config.serial(N16)
+    assert long.locked_config == best  # found by searching on, not inherited
+    assert any("searching on" in e.message for e in events)
+    rerun = model_online(ProfiledFake(), cache=tmp_path)  # the longer run's record replaced the short one's
+    rerun.collect(64, remaining_collects=2000)
+    assert rerun.cached is not None and rerun.cached[0] == best
+
+
+def test_a_move_declined_for_a_short_learn_is_tried_when_learn_is_called_again_for_longer():
+    """learn(short) declines the predicted best and locks serial; a second learn() (a loop of
+    learn(..., reset_num_timesteps=False)) with many collects left searches on and moves;
+    a second call as short as the first does not."""
+    best = max(SPACE16.configs, key=lambda c: predict(c, TRUE))
+    for second, moves in ((8, False), (2000, True)):
+        ex = ProfiledFake()
+        online = model_online(ex)
+        for left in range(8, -1, -1):
+            online.collect(64, remaining_collects=left)
+        assert online.phase == "locked" and online.locked_config == Config.serial(N16) and online.declined
+        left = second
+        while left >= 0 and (left == second or online.phase != "locked"):
+            online.collect(64, remaining_collects=left)
+            left -= 1
+        assert (online.locked_config == best) is moves
+        assert (ex.reconfigures > 0) is moves
+
+
 def test_with_many_collects_left_the_predicted_best_is_tried():
     ex = ProfiledFake()
     online = model_online(ex)

@@ -59,6 +59,27 @@ RECONFIGURE_BASE = 0.03
 """Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
 
 
+def declined_now_paying(declined: Sequence[Mapping[str, Any]], left: int | None) -> Mapping[str, Any] | None:
+    """The first declined move (an entry of ``OnlineTuner.declined``) that pays back over
+    ``left`` collects: its benefit, computed for the collects it had left then, grows with
+    the collects left (the cost does not). ``left`` None (unknown): any declined move with a
+    benefit. None when there is none."""
+    for d in declined:
+        try:
+            benefit, cost, then = float(d["benefit_seconds"]), float(d["cost_seconds"]), d["collects_left"]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not (benefit > 0 and math.isfinite(cost)) or not then:
+            continue
+        if left is None or benefit * left / float(then) > cost:
+            return d
+    return None
+
+
+def _left_text(left: int | None) -> str:
+    return "an unknown number of collects" if left is None else f"{left} collects"
+
+
 class OnlineTuner(_Session):
     """Tunes inside training: each :meth:`collect` is one real collect that the learner
     gets back, and also one sample for the trial of the config it ran under.
@@ -175,6 +196,7 @@ class OnlineTuner(_Session):
         self.start_config: Config = executor.config
         self.locked: Trial | None = None
         self.reference: float | None = None
+        self._last_left: int | None = None  # remaining_collects of the previous collect (see _horizon_check)
         self.collects = 0
         self.remaining_collects: int | None = None  # as the caller last said (see collect)
         self.researches = 0
@@ -209,6 +231,7 @@ class OnlineTuner(_Session):
         self.remaining_collects = remaining_collects
         if self.t0 is None:
             self._begin(num_steps)
+        self._horizon_check(remaining_collects)
         self._num_steps = num_steps
         config = self.executor.config
         c0 = self.clock()
@@ -294,13 +317,59 @@ class OnlineTuner(_Session):
         assert self.cached is not None
         cached_sps = self.cached[1]
         if trial.ok and (cached_sps is None or trial.estimate >= (1 - self.confirm_tolerance) * cached_sps):
-            self._saved = True  # the cached record stays: it holds the search that found this choice
-            self._lock(trial)
-            return
-        self._emit("phase", trial, trial.estimate if trial.ok else None,
-                   f"cached choice {trial.config} measured {_fmt(trial.estimate)} steps/s, not within "
-                   f"{self.confirm_tolerance:.0%} of its cached {_fmt(cached_sps or math.nan)}: searching")
+            open_search = self._cached_search_open()
+            if open_search is None:
+                self._saved = True  # the cached record stays: it holds the search that found this choice
+                self._lock(trial)
+                return
+            self._emit("phase", trial, trial.estimate,
+                       f"cached choice {trial.config} confirmed at {_fmt(trial.estimate)} steps/s, but {open_search}: "
+                       f"searching on from it")
+        else:
+            self._emit("phase", trial, trial.estimate if trial.ok else None,
+                       f"cached choice {trial.config} measured {_fmt(trial.estimate)} steps/s, not within "
+                       f"{self.confirm_tolerance:.0%} of its cached {_fmt(cached_sps or math.nan)}: searching")
         self._queue_baselines()
+        self._set_phase("explore")
+        self._advance()
+
+    def _cached_search_open(self) -> str | None:
+        """Why the cached record's search is not this run's answer, or None when it is. A
+        record is a run's verdict for its own length: a run that ended before it locked in
+        saved its best so far, and one that declined moves because they would not pay back in
+        the collects it had left locked in without trying them. A longer run must not inherit
+        that: a 2,000-step smoke run cached serial for an env whose 8 env workers collect 4x
+        faster, and every later run confirmed serial and locked in. So the search goes on
+        when the record never locked in, or when one of its declined moves pays back over the
+        collects this run has left (:func:`declined_now_paying`)."""
+        rec = self.cached_record or {}
+        online = rec.get("online") if isinstance(rec.get("online"), Mapping) else None
+        if online is None:  # an offline record (auturi tune): a whole search, whatever the length
+            return None
+        if online.get("locked") is False:
+            return "the run that cached it ended before it locked in"
+        d = declined_now_paying(online.get("declined") or [], self.remaining_collects)
+        if d is None:
+            return None
+        return (f"the run that cached it declined {Config.from_dict(d['config'])} with {d['collects_left']} collects "
+                f"left, which pays back over this run's {_left_text(self.remaining_collects)}")
+
+    def _horizon_check(self, remaining_collects: int | None) -> None:
+        """While locked: when the collects left grew (``learn()`` called again, as a loop of
+        ``learn(10_000, reset_num_timesteps=False)`` does), a move declined for the shorter
+        horizon may pay back now: then the search goes on from the locked config."""
+        last, self._last_left = self._last_left, remaining_collects
+        if self.phase != "locked" or last is None or remaining_collects is None or remaining_collects <= last:
+            return
+        d = declined_now_paying(self.declined, remaining_collects)
+        if d is None:
+            return
+        assert self.locked is not None
+        self._emit("phase", self.locked, self.locked.estimate,
+                   f"{_left_text(remaining_collects)} now: {Config.from_dict(d['config'])}, declined with "
+                   f"{d['collects_left']} left, pays back: searching on from {self.locked.config}")
+        self.locked, self.reference, self._saved = None, None, False
+        self.declined = [x for x in self.declined if x is not d]
         self._set_phase("explore")
         self._advance()
 
@@ -721,7 +790,8 @@ class OnlineTuner(_Session):
             budget={"trials": self.budget_trials, "seconds": self.budget_seconds, "search_share": self.search_share},
             hardware=self.hardware, workload=self.workload, seconds=self.elapsed(),
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
-            online={"first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
+            online={"locked": self.locked is not None,
+                    "first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
                     "warming_collects": self.warming_collects,
                     "profile_source": self.profile_source, "reconfigures": list(self.reconfigures),
                     "declined": list(self.declined), "realized": list(self.realized)})

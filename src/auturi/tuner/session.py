@@ -50,6 +50,7 @@ class _Session:
         self.hardware: dict[str, Any] = {}
         self.workload: dict[str, Any] = {}
         self.cached: tuple[Config, float | None] | None = None
+        self.cached_record: dict[str, Any] | None = None  # the cache record behind ``cached``
         self.choice: Trial | None = None  # the measurement the final choice was made on
         self.profile_seconds = 0.0
         self._prepared = False
@@ -106,6 +107,7 @@ class _Session:
             self.cached = record_choice(rec) if rec else None
             if self.cached and self.cached[0].num_envs != n:
                 self.cached = None
+            self.cached_record = rec if self.cached else None  # the whole record: what its search left open
 
     def _prepare_strategy(self, executor: Any, num_steps: int) -> None:
         if self._prepared:
