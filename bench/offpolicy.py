@@ -67,9 +67,8 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
     vec_cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
     env_kwargs = None
     if env_id.startswith("auturi/"):  # auturi's test envs (auturi/Slow-v0: 1 ms a step); Box actions off-policy
-        import auturi.envs.testing  # noqa: F401 - registers the ids
-
         env_kwargs = {"action": "discrete" if algo == "dqn" else "box"}
+        env_id = "auturi.envs.testing:" + env_id  # gymnasium imports the module first (SubprocVecEnv's workers too)
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed, vec_env_cls=vec_cls, env_kwargs=env_kwargs)
     kw = {"buffer_size": 100_000, "seed": seed, "device": "cpu", "verbose": 0}
     if tiny:
@@ -81,15 +80,19 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
 
 
 def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind: str, config_json: str | None,
-               tiny: bool, hyper: dict | None = None) -> dict:
-    """One timed ``learn`` of ``kind``; returns seconds, the last episodes' mean return, the layout."""
+               tiny: bool, hyper: dict | None = None, fresh_cache: bool = False) -> dict:
+    """One timed ``learn`` of ``kind``; returns seconds, the last episodes' mean return, the layout.
+    ``fresh_cache``: the wrapped run's tuner starts from an empty cache (a user's first run)."""
+    import tempfile
+
     import numpy as np
 
     import auturi
 
     model = make_model(algo, env_id, n_envs, seed, kind, tiny, hyper)
+    cache_dir = tempfile.TemporaryDirectory(prefix="auturi-bench-cache-") if fresh_cache else None
     if kind == "wrap":
-        auturi.wrap(model)
+        auturi.wrap(model, **({"tuner_options": {"cache": cache_dir.name}} if cache_dir else {}))
     elif kind == "fixed":
         auturi.wrap(model, config=auturi.Config.from_json(config_json))
     try:
@@ -102,6 +105,8 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
         if kind in ("wrap", "fixed"):
             auturi.unwrap(model)
         model.env.close()
+        if cache_dir is not None:
+            cache_dir.cleanup()
     return {"algo": algo, "env": env_id, "kind": kind, "seed": seed, "seconds": secs, "layout": layout,
             "return": float(np.mean([e["r"] for e in eps])) if eps else float("nan")}
 
@@ -307,7 +312,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mujoco", default="HalfCheetah-v5",
                     help="SAC/TD3's env (a gymnasium id; auturi/Slow-v0: a 1 ms step, as a remote simulator's)")
-    ap.add_argument("--dqn-env", default="CartPole-v1", help="DQN's env in --interleaved")
+    ap.add_argument("--dqn-env", default="CartPole-v1", help="DQN's env (end to end and --interleaved)")
+    ap.add_argument("--fresh-cache", action="store_true",
+                    help="end to end: each wrapped run tunes from an empty cache (else the user's cache)")
     ap.add_argument("--n-envs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20_000, help="env steps per learn (all envs)")
     ap.add_argument("--repeats", type=int, default=2)
@@ -364,12 +371,13 @@ def main(argv=None) -> dict:
     if args.parity_only:
         out["parity"] = parity(args.parity_steps, args.parity_seeds, args.tiny)
         return _save(out, args.out.replace(".json", "_parity.json"))
-    workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", "CartPole-v1", args.n_envs)]
+    workloads = [("sac", mujoco, args.n_envs), ("td3", mujoco, args.n_envs), ("dqn", args.dqn_env, args.n_envs)]
     workloads = [w for w in workloads if w[0] in args.algos.split(",")]
     for algo, env_id, n in workloads:
         for rep in range(args.repeats):
             for kind in rotated(kinds, rep):  # alternated and rotated: drift and position hit each alike
-                r = learn_once(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny)
+                r = learn_once(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny,
+                               fresh_cache=args.fresh_cache)
                 out["e2e"].append(r)
                 print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s return {r['return']:8.1f} "
                       f"{r['layout']}", flush=True)
