@@ -419,10 +419,18 @@ def test_a_choice_a_short_run_cached_binds_runs_as_short_but_not_a_longer_one(tm
     assert short.locked_config == Config.serial(N16) and short.declined
     assert short.result().online["locked"] is True
 
-    again = model_online(ProfiledFake(), cache=tmp_path)
+    import shutil
+
+    shutil.copytree(tmp_path, tmp_path.parent / "short_only")
+    again = model_online(ProfiledFake(), cache=tmp_path.parent / "short_only")
     for left in range(8, -1, -1):
         again.collect(64, remaining_collects=left)
     assert [t.source for t in again.history] == ["cache"]  # as short: the record is its answer
+    left = 2000  # ... until it learns again for longer: the cached run's declined move pays back now
+    while left >= 0 and (left == 2000 or again.phase != "locked"):
+        again.collect(64, remaining_collects=left)
+        left -= 1
+    assert again.locked_config == max(SPACE16.configs, key=lambda c: predict(c, TRUE))
 
     ex = ProfiledFake()
     events = []

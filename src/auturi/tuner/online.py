@@ -342,9 +342,8 @@ class OnlineTuner(_Session):
         faster, and every later run confirmed serial and locked in. So the search goes on
         when the record never locked in, or when one of its declined moves pays back over the
         collects this run has left (:func:`declined_now_paying`)."""
-        rec = self.cached_record or {}
-        online = rec.get("online") if isinstance(rec.get("online"), Mapping) else None
-        if online is None:  # an offline record (auturi tune): a whole search, whatever the length
+        online = self._cached_online()
+        if online is None:  # no record, or an offline one (auturi tune): a whole search, whatever the length
             return None
         if online.get("locked") is False:
             return "the run that cached it ended before it locked in"
@@ -354,6 +353,16 @@ class OnlineTuner(_Session):
         return (f"the run that cached it declined {Config.from_dict(d['config'])} with {d['collects_left']} collects "
                 f"left, which pays back over this run's {_left_text(self.remaining_collects)}")
 
+    def _cached_online(self) -> Mapping[str, Any] | None:
+        """The cached record's ``online`` part (None: no record, or an offline one)."""
+        online = (self.cached_record or {}).get("online")
+        return online if isinstance(online, Mapping) else None
+
+    @property
+    def locked_from_cache(self) -> bool:
+        """Whether the lock-in is a confirmed cached choice (no search in this run)."""
+        return self.locked is not None and self.locked.source == "cache"
+
     def _horizon_check(self, remaining_collects: int | None) -> None:
         """While locked: when the collects left grew (``learn()`` called again, as a loop of
         ``learn(10_000, reset_num_timesteps=False)`` does), a move declined for the shorter
@@ -361,7 +370,10 @@ class OnlineTuner(_Session):
         last, self._last_left = self._last_left, remaining_collects
         if self.phase != "locked" or last is None or remaining_collects is None or remaining_collects <= last:
             return
-        d = declined_now_paying(self.declined, remaining_collects)
+        # This run's declined moves, and, after a lock-in on a confirmed cached choice, those
+        # of the run that cached it.
+        cached = (self._cached_online() or {}).get("declined") or [] if self.locked_from_cache else []
+        d = declined_now_paying([*self.declined, *cached], remaining_collects)
         if d is None:
             return
         assert self.locked is not None
@@ -370,6 +382,7 @@ class OnlineTuner(_Session):
                    f"{d['collects_left']} left, pays back: searching on from {self.locked.config}")
         self.locked, self.reference, self._saved = None, None, False
         self.declined = [x for x in self.declined if x is not d]
+        self.cached_record = None  # its declines are this search's to make again now
         self._set_phase("explore")
         self._advance()
 
