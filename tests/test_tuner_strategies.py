@@ -423,3 +423,16 @@ def test_propose_close_ranks_the_close_configs_by_the_callers_key():
     assert fewest.num_actors * fewest.env_parallel_degree == min(c.num_actors * c.env_parallel_degree for c in close)
     assert plain == max(close, key=m.predicted)
     assert fresh().propose_close([t], key=lambda c, p: -p) in close  # never one below the floor
+
+
+def test_a_close_call_between_batch_sizes_goes_to_the_fewest_passes():
+    from auturi.tuner.strategies import BATCH_TIE, fewest_passes
+
+    one = Config(num_actors=1, envs_per_actor=8, env_parallel_degree=8, policy_batch_size=1)
+    pool = [one.replace(policy_batch_size=b) for b in (1, 2, 4, 8)] + [Config(num_actors=8, envs_per_actor=1)]
+    flat = {c: 2585.0 for c in pool}  # the model cannot separate the batch sizes
+    assert fewest_passes(one, pool, flat).policy_batch_size == 8
+    apart = {**flat, one.replace(policy_batch_size=8): 2585.0 * (1 - 2 * BATCH_TIE)}
+    assert fewest_passes(one, pool, apart).policy_batch_size == 4  # 8 clearly worse: the largest close one
+    other = Config(num_actors=8, envs_per_actor=1)
+    assert fewest_passes(other, pool, flat) == other  # another layout is never swapped in

@@ -328,15 +328,42 @@ def predict(config: Config, prof: Profile) -> float:
 def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cores: int) -> float:
     """Seconds one row of ``actors`` actors takes on a machine (or node) where they keep
     ``busy`` processes busy on ``cores`` cores: their pipeline, capped by the cores, slowed by
-    time-slicing."""
+    time-slicing. A process waiting inside its env (a remote simulator, a sleep) holds no
+    core: it counts as busy only for the share of the row it is not waiting
+    (:func:`_cpu_busy`), so eight env workers of a 1 ms env that waits 85% of it contend
+    like two or three (on one such env, 8 env workers measured 3,800 steps/s where counting
+    each as busy predicted 2,600 and ranked 8 actors, measured 2,100-2,700, above them)."""
+    row = _pipeline_row(config, prof, busy, cores)
+    eff = _cpu_busy(config, prof, actors, busy, row)
+    if eff < busy:
+        row = _pipeline_row(config, prof, eff, cores)
+    pipeline = actors * config.envs_per_actor / row if row > 0 else math.inf
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     dev = config.policy_device
+    g = math.ceil(E / B)
+    env_tasks = math.ceil((E // D) / B)
+
+    # CPU cap: seconds of CPU each env step costs, wherever it runs.
+    ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
+    tasks_per_row = (D - 1) * env_tasks + (g if P > 1 else 0)
+    cpu_per_step = (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
+                    + g * prof.policy_latency(dev, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
+    cap = cores / cpu_per_step if cpu_per_step > 0 else math.inf
+    # Time-slicing more busy processes than cores costs context switches and cold caches.
+    rate = min(pipeline, cap) / (1.0 + prof.contention * max(0.0, eff - cores) / cores)
+    return actors * E / rate if rate > 0 else math.inf
+
+
+def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> float:
+    """One actor's row seconds from its pipeline alone (no core cap, no time-slicing), with
+    ``busy`` processes wanting ``cores`` cores (round trips wait for a core beyond them)."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     te = prof.env_step_seconds + prof.env_overhead_seconds
     g = math.ceil(E / B)  # forward passes per row
-    L = prof.policy_latency(dev, B)
+    L = prof.policy_latency(config.policy_device, B)
     # The actor's own process steps one env share; degree - 1 env workers step the rest.
     # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
-    ipc = prof.ipc_seconds * (1.0 + max(0, busy - cores) / cores)
+    ipc = prof.ipc_seconds * (1.0 + max(0.0, busy - cores) / cores)
     m = E // D  # envs per env lane
     # Tasks each env lane gets per row: a lane's envs step together, so they come back ready
     # together and ride in the same batch unless the batch is smaller than the lane.
@@ -348,22 +375,22 @@ def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cor
         s_env = E * te
     s_pol = (g / P) * (L + ipc) if P > 1 else g * L
     if D == 1 and P == 1:
-        row = s_env + s_pol  # one process does both, in turn
-    else:
-        row = max(s_env, s_pol) + min(s_env, s_pol) / g
-        # The actor itself steps its own env share and, with one replica, runs inference.
-        row = max(row, (m * te if D > 1 else E * te) + (g * L if P == 1 else 0.0))
-    pipeline = actors * E / row if row > 0 else math.inf
+        return s_env + s_pol  # one process does both, in turn
+    row = max(s_env, s_pol) + min(s_env, s_pol) / g
+    # The actor itself steps its own env share and, with one replica, runs inference.
+    return max(row, (m * te if D > 1 else E * te) + (g * L if P == 1 else 0.0))
 
-    # CPU cap: seconds of CPU each env step costs, wherever it runs.
-    ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
-    tasks_per_row = (D - 1) * env_tasks + (g if P > 1 else 0)
-    cpu_per_step = (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
-                    + g * prof.policy_latency(dev, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
-    cap = cores / cpu_per_step if cpu_per_step > 0 else math.inf
-    # Time-slicing more busy processes than cores costs context switches and cold caches.
-    rate = min(pipeline, cap) / (1.0 + prof.contention * max(0, busy - cores) / cores)
-    return actors * E / rate if rate > 0 else math.inf
+
+def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float) -> float:
+    """``busy`` processes less the share of the row the env-stepping ones (each actor and
+    its env workers) spend waiting inside their envs: ``(1 - env_cpu_fraction)`` of their
+    envs' step time. Replicas count whole."""
+    wait = prof.env_step_seconds * (1.0 - min(1.0, max(0.0, prof.env_cpu_fraction)))
+    if wait <= 0 or row <= 0:
+        return float(busy)
+    m = config.envs_per_actor // config.env_parallel_degree
+    idle = min(1.0, m * wait / row)  # per env-stepping process
+    return max(1.0, busy - actors * config.env_parallel_degree * idle)
 
 
 def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweeps: int = 8) -> Profile:
