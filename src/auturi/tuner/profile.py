@@ -26,7 +26,9 @@ beginning).
 - lock-step env lanes wait for the slowest: ``std * sqrt(E/D) * sqrt(2 ln D)`` per row;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
 - the total is capped by ``cores / (CPU seconds per env step)``, and divided by
-  ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores;
+  ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores, where
+  an env-stepping process counts by the share of the row it is not waiting inside its envs
+  (a remote simulator's wait holds no core);
 - across nodes (``ray``, ``node_cores``): actors are spread over the nodes as the executor's
   SPREAD placement places them (:func:`actors_per_node`), each node's cap and time-slicing
   count its own cores and processes, and a collect lasts as long as its slowest node;
