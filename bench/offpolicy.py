@@ -406,7 +406,6 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
     0.67-1.36x against its twin. Each ratio: the median of the rounds' ratios with its
     distribution-free 95% interval (``auturi.tuner.measure.median_interval``)."""
     import auturi
-    from auturi.tuner.measure import median_interval
 
     kinds = ("dummy", "wrap") + (("control",) if control else ())
     out = {}
@@ -435,9 +434,9 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
         rec = {"env": env, "chunk": chunk, "rounds": rows, "layout": str(models["wrap"].auturi.config),
                "phase": tuner.phase if tuner is not None else None}
         for name in kinds[1:]:  # dummy's time over wrap's (or the control's): above 1, dummy is slower
-            rec[f"paired_{name}"] = {part: _median_and_interval(
-                [d[part] / o[part] for d, o in zip(rows["dummy"], rows[name])], median_interval)
-                for part in ("seconds", "collect", "train")}
+            pairs = list(zip(rows["dummy"], rows[name]))
+            rec[f"paired_{name}"] = {part: _median_and_interval([d[part] / o[part] for d, o in pairs])
+                                     for part in ("seconds", "collect", "train")}
         rec["paired"] = {part: v["median"] for part, v in rec["paired_wrap"].items()}
         out[algo] = rec
         for name in kinds[1:]:
@@ -453,7 +452,9 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
     return out
 
 
-def _median_and_interval(ratios: list[float], median_interval) -> dict:
+def _median_and_interval(ratios: list[float]) -> dict:
+    from auturi.tuner.measure import median_interval
+
     med, lo, hi, conf = median_interval(ratios)
     return {"median": med, "low": lo, "high": hi, "confidence": conf, "n": len(ratios)}
 

@@ -2,7 +2,8 @@
 
 Over 500 lines: the :class:`Profile`, the model that reads it, the fit that refits it and the
 timing that fills it share its fields; the timing functions at the bottom
-(:func:`profile_executor` to :func:`time_policy`) are the part to split out next.
+(:func:`profile_executor` to :func:`time_policy`) are the part to split out next; profiling
+from training rollouts lives in :mod:`rollout_profile`.
 
 :func:`profile_executor` times the parts once, in this process, without starting workers:
 one env's step time (mean, spread, and how much of it is CPU rather than waiting), the
@@ -38,9 +39,6 @@ beginning).
   other nodes than the caller's, a round trip (:func:`cross_node_seconds`: a latency plus
   their rollouts back and the weights out over the network; no memory is shared with them).
   Throughput is then ``steps / (num_steps * row + fixed + round trip)``.
-
-Over 400 lines on purpose: the model, the profile it reads and the profiling that fills it
-are read together; profiling from training rollouts lives in :mod:`rollout_profile`.
 
 Example:
     >>> from auturi import Config
@@ -339,21 +337,24 @@ def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cor
     eff = _cpu_busy(config, prof, actors, busy, row)
     if eff < busy:
         row = _pipeline_row(config, prof, eff, cores)
-    pipeline = actors * config.envs_per_actor / row if row > 0 else math.inf
-    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
-    dev = config.policy_device
-    g = math.ceil(E / B)
-    env_tasks = math.ceil((E // D) / B)
-
-    # CPU cap: seconds of CPU each env step costs, wherever it runs.
-    ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
-    tasks_per_row = (D - 1) * env_tasks + (g if P > 1 else 0)
-    cpu_per_step = (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
-                    + g * prof.policy_latency(dev, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
-    cap = cores / cpu_per_step if cpu_per_step > 0 else math.inf
+    E = config.envs_per_actor
+    pipeline = actors * E / row if row > 0 else math.inf
+    cpu = _cpu_per_step(config, prof)
+    cap = cores / cpu if cpu > 0 else math.inf
     # Time-slicing more busy processes than cores costs context switches and cold caches.
     rate = min(pipeline, cap) / (1.0 + prof.contention * max(0.0, eff - cores) / cores)
     return actors * E / rate if rate > 0 else math.inf
+
+
+def _cpu_per_step(config: Config, prof: Profile) -> float:
+    """Seconds of CPU each env step costs, wherever it runs: the env's own share, the
+    bookkeeping, its part of the forward passes and of the round trips."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
+    g = math.ceil(E / B)
+    ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
+    tasks_per_row = (D - 1) * math.ceil((E // D) / B) + (g if P > 1 else 0)
+    return (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
+            + g * prof.policy_latency(config.policy_device, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
 
 
 def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> float:

@@ -1,8 +1,8 @@
 """The ``shm`` executor: the layout plan's processes on this machine, all bulk data in shared
 memory, all waits blocking on semaphores (see the package docstring for the layout).
 
-Over 500 lines: building a plan's processes and applying a plan diff on reconfigure share the
-worker table, the control block and the semaphores; the env moves (``_take_envs``, the pickle
+Over 500 lines: start-up, the plan diff applied to live processes on reconfigure, collect, fault
+checks and the ordered shutdown share the worker table, the control block and the semaphores; the env moves (``_take_envs``, the pickle
 helpers at the bottom) are the part to split out next.
 
 A reconfigure applies the difference of the old and new plans (``LayoutPlan.diff``): env
@@ -16,10 +16,6 @@ whose torch thread count changes is kept and told its new count. An actor proces
 when all its workers are (a batch change): it reads its new plan from its pipe and rebuilds
 its loop; otherwise it restarts (its lanes are fixed at start) and its envs move too.
 ``last_reconfigure`` reports what was kept, started, ended, moved and recreated.
-
-Over 400 lines: start-up, the diff applied to live processes, collect, fault checks and the
-ordered shutdown share the slot bookkeeping, and splitting them would spread one lifecycle
-over modules.
 """
 from __future__ import annotations
 
