@@ -79,16 +79,35 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
     return getattr(sb3, algo.upper())("MlpPolicy", env, **kw)
 
 
+def learn_in_new_process(*args, **kwargs) -> dict:
+    """:func:`learn_once` in a Python process of its own: a user's run, whose worker processes
+    and forkservers start from nothing (in one bench process, the forkservers a first run
+    started serve every later one, and SubprocVecEnv's workers find SB3 imported)."""
+    import subprocess
+
+    code = ("import json, sys; from bench.offpolicy import learn_once; "
+            "a = json.loads(sys.argv[1]); print('RESULT' + json.dumps(learn_once(*a[0], **a[1])))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([args, kwargs])], capture_output=True, text=True,
+                          check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT"):
+            return json.loads(line[len("RESULT"):])
+    raise RuntimeError(f"the run in a new process failed:\n{done.stderr[-3000:]}")
+
+
 def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind: str, config_json: str | None,
                tiny: bool, hyper: dict | None = None, fresh_cache: bool = False) -> dict:
-    """One timed ``learn`` of ``kind``; returns seconds, the last episodes' mean return, the layout.
-    ``fresh_cache``: the wrapped run's tuner starts from an empty cache (a user's first run)."""
+    """One timed ``learn`` of ``kind``; returns its seconds, ``build_seconds`` (the VecEnv, the
+    model and the wrap before it: SubprocVecEnv's workers start there, a fixed config's too),
+    the last episodes' mean return, the layout. ``fresh_cache``: the wrapped run's tuner starts
+    from an empty cache (a user's first run)."""
     import tempfile
 
     import numpy as np
 
     import auturi
 
+    t_build = time.perf_counter()
     model = make_model(algo, env_id, n_envs, seed, kind, tiny, hyper)
     cache_dir = tempfile.TemporaryDirectory(prefix="auturi-bench-cache-") if fresh_cache else None
     if kind == "wrap":
@@ -99,6 +118,7 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
         t0 = time.perf_counter()
         model.learn(steps)
         secs = time.perf_counter() - t0
+        build = t0 - t_build
         eps = list(model.ep_info_buffer)[-20:]
         layout = str(model.auturi.config) if kind in ("wrap", "fixed") else kind
     finally:
@@ -107,7 +127,8 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
         model.env.close()
         if cache_dir is not None:
             cache_dir.cleanup()
-    return {"algo": algo, "env": env_id, "kind": kind, "seed": seed, "seconds": secs, "layout": layout,
+    return {"algo": algo, "env": env_id, "kind": kind, "seed": seed, "seconds": secs, "build_seconds": build,
+            "layout": layout,
             "return": float(np.mean([e["r"] for e in eps])) if eps else float("nan")}
 
 
@@ -313,6 +334,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--mujoco", default="HalfCheetah-v5",
                     help="SAC/TD3's env (a gymnasium id; auturi/Slow-v0: a 1 ms step, as a remote simulator's)")
     ap.add_argument("--dqn-env", default="CartPole-v1", help="DQN's env (end to end and --interleaved)")
+    ap.add_argument("--new-process", action="store_true",
+                    help="end to end: each run in a Python process of its own (a user's run: nothing started before)")
     ap.add_argument("--fresh-cache", action="store_true",
                     help="end to end: each wrapped run tunes from an empty cache (else the user's cache)")
     ap.add_argument("--n-envs", type=int, default=8)
@@ -376,11 +399,11 @@ def main(argv=None) -> dict:
     for algo, env_id, n in workloads:
         for rep in range(args.repeats):
             for kind in rotated(kinds, rep):  # alternated and rotated: drift and position hit each alike
-                r = learn_once(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny,
-                               fresh_cache=args.fresh_cache)
+                run = learn_in_new_process if args.new_process else learn_once
+                r = run(algo, env_id, n, args.steps, rep, kind, args.config, args.tiny, fresh_cache=args.fresh_cache)
                 out["e2e"].append(r)
-                print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s return {r['return']:8.1f} "
-                      f"{r['layout']}", flush=True)
+                print(f"{algo} {env_id} {kind:8s} seed {rep}: {r['seconds']:7.2f}s (+{r['build_seconds']:.2f}s "
+                      f"building) return {r['return']:8.1f} {r['layout']}", flush=True)
     out["summary"] = _summary(out["e2e"])
     if args.e2e_only:
         print(json.dumps(out["summary"], indent=1))
@@ -504,7 +527,9 @@ def _summary(runs: list[dict]) -> dict:
         for k in [k for k in KINDS if any(r["kind"] == k for r in mine)]:
             secs = {r["seed"]: r["seconds"] for r in mine if r["kind"] == k}
             p = paired_ratios(base, secs)
+            whole = [r["seconds"] + r.get("build_seconds", 0.0) for r in mine if r["kind"] == k]
             out[algo][k] = {"median_seconds": statistics.median(secs.values()),
+                            "median_with_build_seconds": statistics.median(whole),
                             "speedup_vs_dummy": statistics.median(base.values()) / statistics.median(secs.values()),
                             "paired_vs_dummy": p and {"geomean": p["geomean"], "min": p["min"], "max": p["max"],
                                                       "repeats": p["n"]}}

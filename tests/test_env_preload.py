@@ -36,3 +36,45 @@ def test_env_workers_fork_with_the_factories_modules_imported(tmp_path):
     """)
     assert main == "1" and len(workers) == 3
     assert set(workers.values()) == {"0"}, workers  # imported by the forkserver, not by each worker
+
+
+def test_warm_start_starts_only_the_servers_a_layouts_processes_fork_from(tmp_path):
+    """Env workers fork from the env server (gymnasium), policy processes from the torch one:
+    warming for a layout of env workers starts the first only (the online tuner's first trial
+    waited 1.6 s for torch it never used), and the executor says which layouts still wait."""
+    main, _ = run_probe_script(tmp_path, """
+        import functools, os, sys
+        import torch
+        from auturi import Config, make_executor
+        from auturi.envs import CountingEnv
+        from auturi.nets import MLPActorCritic
+        from auturi.policy import TorchPolicy
+
+        if __name__ == "__main__":
+            env_fn = functools.partial(CountingEnv)
+            env = env_fn()
+            net = functools.partial(MLPActorCritic, env.observation_space.shape[0], env.action_space.n)
+            ex = make_executor(env_fn, TorchPolicy(net, env.action_space), num_envs=4,
+                               config=Config.serial(4), backend="shm")
+            degree = Config(envs_per_actor=4, env_parallel_degree=4)
+            actors = Config(num_actors=2, envs_per_actor=2)
+            before = (ex.needs_warm_start(degree), ex.needs_warm_start(actors), ex.warming)
+            ex.warm_start(degree)
+            started = sorted(ex._warm)
+            assert ex.wait_warm(timeout=60) and not ex.warming
+            after = (ex.needs_warm_start(degree), ex.needs_warm_start(actors))
+            ex.warm_start(actors)
+            assert ex.wait_warm(timeout=120)
+            last = (ex.needs_warm_start(actors), sorted(ex._warm))
+            ex.reconfigure(actors)
+            ex.collect(2)
+            ex.close()
+            with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as f:
+                f.write(repr((before, started, after, last)))
+            print(os.getpid(), flush=True)
+    """)
+    before, started, after, last = eval(main)
+    assert before == (True, True, False)
+    assert started == ["env"]  # the torch server is not started for env workers
+    assert after == (False, True)
+    assert last == (False, ["env", "torch"])

@@ -160,3 +160,30 @@ def test_a_replica_takes_every_published_state_also_on_the_fast_path():
         assert all(isinstance(t, torch.Tensor) for t in adapter._slots.values())
     finally:
         unwrap_sb3(model)
+
+
+@pytest.mark.parametrize("learning_starts", [0, 40])
+def test_the_online_tuner_does_not_time_warm_up_collects(learning_starts):
+    """Before ``learning_starts`` the envs act at random and no policy runs: those collects
+    are the learner's, but the tuner measures only the training's (from the first policy one)."""
+    model = make("dqn", learning_starts, 4)
+    wrap_sb3(model, budget_trials=2, tuner_options={"cache": False, "min_sample_seconds": 0})
+    tuner = model.auturi.tuner
+    seen: list[tuple[bool, int]] = []  # (measured, num_timesteps before the collect)
+    inner = tuner.collect
+
+    def spy(num_steps, remaining_collects=None, measure=True):
+        seen.append((measure, model.num_timesteps))
+        return inner(num_steps, remaining_collects=remaining_collects, measure=measure)
+
+    tuner.collect = spy
+    try:
+        model.learn(160)
+    finally:
+        unwrap_sb3(model)
+    warm = [t for m, t in seen if not m]
+    assert all(t < learning_starts for t in warm) and all(t >= learning_starts for m, t in seen if m)
+    assert len(warm) == -(-learning_starts // (4 * N)) == tuner.unmeasured_collects
+    fed = sum(t.n + len(t.warmup) for t in tuner.history) + (tuner.current.n if tuner.current else 0)
+    assert fed <= len(seen) - len(warm)  # no trial got a warm-up collect
+    assert tuner.history  # the search ran on the measured ones

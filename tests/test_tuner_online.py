@@ -498,7 +498,7 @@ class WarmingFake(ProfiledFake):
         self.warm_calls, self.warm_left, self.warm_collects = 0, None, warm_collects
         self.configs_while_warming: list[Config] = []
 
-    def warm_start(self):
+    def warm_start(self, config=None):
         self.warm_calls += 1
         self.warm_left = self.warm_collects
 
@@ -526,6 +526,84 @@ def test_worker_servers_start_only_before_the_first_trial_that_starts_processes_
     assert ex.configs_while_warming == [start] * 5  # the trial waited on the start layout
     assert [t.config for t in online.history][:1] == [start]
     assert len(online.history) >= 2 and online.phase == "locked"
+
+
+class TwoServerFake(FakeExecutor):
+    """Env workers fork from one server, policy processes from another (the shm executor's
+    ``env`` and ``torch`` forkservers); each serves ``warm[server]`` collects after its start."""
+
+    def __init__(self, warm: dict, **kw):
+        super().__init__(N, speeds, **kw)
+        self.warm = warm
+        self.left: dict[str, int] = {}  # server -> collects until it serves
+        self.reconfigured_while: list[tuple[Config, set, int]] = []  # (to, servers importing, collects before)
+
+    @staticmethod
+    def servers(config):
+        need = set()
+        if config.env_parallel_degree > 1:
+            need.add("env")
+        if config.num_actors > 1 or config.policies_per_actor > 1:
+            need.add("torch")
+        return need
+
+    def warm_start(self, config=None):
+        for s in self.servers(config) if config is not None else {"env", "torch"}:
+            self.left.setdefault(s, self.warm[s])
+
+    def needs_warm_start(self, config):
+        return bool(self.servers(config) - set(self.left))
+
+    @property
+    def warming(self) -> bool:
+        return any(v > 0 for v in self.left.values())
+
+    def reconfigure(self, config):
+        self.reconfigured_while.append((config, {s for s, v in self.left.items() if v > 0}, self.collects))
+        return super().reconfigure(config)
+
+    def collect(self, num_steps):
+        self.left = {s: max(0, v - 1) for s, v in self.left.items()}
+        return super().collect(num_steps)
+
+
+def test_each_worker_server_starts_before_the_first_trial_that_forks_from_it():
+    """A trial of env workers waits for the env workers' server only (gymnasium: a fraction of
+    a second), not for the policy processes' (torch: seconds); a later trial needing that one
+    waits for it then, the training collecting on the layout it had meanwhile."""
+    from auturi.tuner import SearchSpace
+
+    degree = Config(num_actors=1, envs_per_actor=N, env_parallel_degree=4)
+    actors = Config(num_actors=2, envs_per_actor=N // 2, env_parallel_degree=2)
+    ex = TwoServerFake(warm={"env": 2, "torch": 6})
+    space = SearchSpace(totals=(N,), cores=8, devices=("cpu",), configs=[Config.serial(N), degree, actors])
+    online = OnlineTuner(ex, "grid", space=space, cache=False, clock=ex.clock, min_samples=2, max_samples=2,
+                         search_share=None, min_sample_seconds=0)
+    for _ in range(60):
+        online.collect(16)
+    assert [t.config for t in online.history] == [Config.serial(N), degree, actors]
+    # each reconfigure came once the server of its processes served, and the first one waited
+    # for the env workers' server only
+    start_trial = online.history[0].n + len(online.history[0].warmup)
+    assert ex.reconfigured_while[0] == (degree, set(), start_trial + 2)
+    assert ex.reconfigured_while[1][:2] == (actors, set())
+    assert online.warming_collects == (2 - 1) + (6 - 1)  # each server's imports: collected, not measured
+    assert online.phase == "locked"
+
+
+def test_collects_not_to_measure_are_the_learners_but_no_trials():
+    ex = FakeExecutor(N, speeds, noise=0.0)
+    online = grid_online(ex, budget_trials=3)
+    ex.slowdown[Config.serial(N)] = 10.0  # the warm-up's pace (no policy runs): unlike the training's
+    rollouts = [online.collect(16, measure=False) for _ in range(5)]
+    assert [r.index for r in rollouts] == list(range(1, 6)) and ex.collects == 5
+    assert online.t0 is None and not online.history and online.current is None  # the search has not begun
+    del ex.slowdown[Config.serial(N)]
+    while online.phase != "locked":
+        online.collect(16)
+    start = online.history[0]
+    assert start.config == Config.serial(N) and max(start.samples) < 1.5 * speeds(Config.serial(N))
+    assert online.unmeasured_collects == 5 and online.result().online["unmeasured_collects"] == 5
 
 
 def test_no_worker_server_starts_where_no_other_layout_pays_back():

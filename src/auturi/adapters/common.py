@@ -231,11 +231,12 @@ class FaceHandle:
         """Where each actor runs (node, ip, pid, envs) on the ``ray`` backend; None on one machine."""
         return placement_of(self.executor)
 
-    def collect_rollout(self, num_steps: int, remaining: int | None = None) -> Any:
+    def collect_rollout(self, num_steps: int, remaining: int | None = None, measure: bool = True) -> Any:
         """One collect of ``num_steps`` per env, through the tuner when there is one
-        (``remaining``: collects still to come in this training run, or ``None``)."""
+        (``remaining``: collects still to come in this training run, or ``None``; ``measure``:
+        False for a collect unlike the training's, which the tuner must not time)."""
         if self.tuner is not None:
-            rollout = self.tuner.collect(num_steps, remaining_collects=remaining)
+            rollout = self.tuner.collect(num_steps, remaining_collects=remaining, measure=measure)
         else:
             rollout = self.executor.collect(num_steps)
         self.collects += 1

@@ -14,8 +14,9 @@ What one training run pays for the search, and how it is kept small:
   training runs anyway) are the model's profile (:mod:`auturi.tuner.rollout_profile`), and
   the next trial is the predicted best; after it only configs the prediction cannot
   separate from the best measured one are tried (:meth:`ModelStrategy.propose_close`);
-- the worker forkservers (seconds of a core importing torch and gymnasium) start only when
-  the first trial that needs worker processes is due, and that trial waits until they serve;
+- each worker forkserver (env workers': gymnasium; policy processes': torch, seconds of a
+  core) starts only when the first trial that forks from it is due, and that trial waits
+  until it serves, the training collecting on the current layout meanwhile;
   collects made while they import (``executor.warming``) are the learner's but not measured
   (timed then, the start layout read up to 40% slow and every other layout looked a gain);
 - a trial whose first measured sample is clearly slower than the best stops there;
@@ -52,9 +53,9 @@ PROCESS_START_PRIOR = 0.15
 """Seconds one worker process is assumed to add to a reconfigure before this run measured one
 (forked warm from a forkserver: 0.05-0.2 s on a 2-core machine; cold, it was 0.5-2 s)."""
 SERVER_START_PRIOR = 1.0
-"""Seconds of training the worker forkservers' start costs (their imports of torch and
-gymnasium share the cores with the training for a few seconds), charged to the first trial
-that starts processes."""
+"""Seconds of training a worker forkserver's start costs (its imports, torch's above all,
+share the cores with the training for a few seconds), charged to a trial whose processes
+fork from a server not started yet."""
 RECONFIGURE_BASE = 0.03
 """Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
 
@@ -189,6 +190,7 @@ class OnlineTuner(_Session):
         self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
         self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
         self.warming_collects = 0  # collects not measured: the executor was still warming up (warm_start)
+        self.unmeasured_collects = 0  # collects the caller said not to measure (collect(measure=False))
         self._search_trials = 0  # finished trials of configs other than start, serial and cached
         self._promised: dict[Config, tuple[float, float]] = {}  # proposed config -> (predicted gain, best then)
         self.realized: list[float] = []  # per search trial: measured gain / predicted gain, in [0, 1]
@@ -222,13 +224,21 @@ class OnlineTuner(_Session):
     def locked_config(self) -> Config | None:
         return self.locked.config if self.locked else None
 
-    def collect(self, num_steps: int, remaining_collects: int | None = None) -> Any:
+    def collect(self, num_steps: int, remaining_collects: int | None = None, measure: bool = True) -> Any:
         """One collect under the current config; returns its rollout, always.
 
         ``remaining_collects``: how many collects the training will still make after this one,
         when the caller knows (SB3's ``learn(total_timesteps)`` does); the tuner then moves to
-        another layout only where the move is expected to pay back before the end."""
+        another layout only where the move is expected to pay back before the end.
+
+        ``measure=False``: this collect is not like the training's (an off-policy warm-up
+        before ``learning_starts`` acts at random and runs no policy): it runs under the
+        current config and is not measured; the search starts at the first measured collect.
+        Measured in the warm-up, an 8-env DQN on a 1 ms env timed two layouts alike that
+        differ by 1.3x once the policy acts, and locked in the slower."""
         self.remaining_collects = remaining_collects
+        if not measure:
+            return self._unmeasured(num_steps)
         if self.t0 is None:
             self._begin(num_steps)
         self._horizon_check(remaining_collects)
@@ -267,6 +277,19 @@ class OnlineTuner(_Session):
             self._advance()
         if remaining_collects == 0 and not self._saved and self.best() is not None:
             self._save()  # training ends before a lock-in: the next run starts from the best so far
+        return rollout
+
+    def _unmeasured(self, num_steps: int) -> Any:
+        """A collect under the current config, logged but fed to no trial or monitor."""
+        config = self.executor.config
+        c0 = self.clock()
+        rollout = self.executor.collect(num_steps)
+        tot = self._log.setdefault(config, [0, 0.0, 0])
+        tot[0] += 1
+        tot[1] += self.clock() - c0
+        tot[2] += num_steps * self.executor.num_envs
+        self.collects += 1
+        self.unmeasured_collects += 1
         return rollout
 
     def begin(self, num_steps: int) -> None:
@@ -475,24 +498,34 @@ class OnlineTuner(_Session):
         return True
 
     def _warm_first(self, config: Config, source: str) -> bool:
-        """Before the first reconfigure that starts worker processes: start the executor's
-        worker forkservers (``warm_start``: seconds of a core importing torch and gymnasium)
-        and defer the trial of ``config`` until they serve (True), the training collecting on
-        the current layout meanwhile. Started any earlier, those imports slowed every run,
-        also those where no other layout pays back (cheap envs: 3-5% of a short run); started
-        inside the reconfigure, they stalled the training for their whole length."""
+        """Before a reconfigure that starts worker processes forking from a server not started
+        yet: start the servers ``config``'s processes fork from (``warm_start``: the env
+        workers' imports gymnasium, a fraction of a second of a core; the policy processes'
+        imports torch, seconds) and defer the trial of ``config`` until they serve (True), the
+        training collecting on the current layout meanwhile. Started any earlier, those
+        imports slowed every run, also those where no other layout pays back (cheap envs: 3-5%
+        of a short run); started inside the reconfigure, they stalled the training for their
+        whole length."""
         warm = getattr(self.executor, "warm_start", None)
-        if (self._warmed or not callable(warm) or source == "cache"  # a cached choice starts at once, as a fixed one
-                or self._started_processes(config) == 0):
+        if (not callable(warm) or source == "cache"  # a cached choice starts at once, as a fixed one
+                or self._started_processes(config) == 0 or not self._needs_warm(config)):
             return False
         self._warmed = True
-        warm()
+        warm(config)
         if not getattr(self.executor, "warming", False):
             return False
         self._deferred = (config, source)
         self.current, self._rec = None, None
         self._emit("phase", None, None, f"starting the worker servers before trying {config}")
         return True
+
+    def _needs_warm(self, config: Config) -> bool:
+        """Whether ``config``'s processes fork from a server not started yet (an executor that
+        cannot say: until the first ``warm_start``)."""
+        needs = getattr(self.executor, "needs_warm_start", None)
+        if callable(needs):
+            return bool(needs(config))
+        return not self._warmed and callable(getattr(self.executor, "warm_start", None))
 
     def _started_processes(self, config: Config) -> int:
         """How many processes a reconfigure from the current layout to ``config`` starts."""
@@ -653,8 +686,8 @@ class OnlineTuner(_Session):
         benefit = self.discount() * gain * collect_s * max(0, left - trial_collects)
         started = self._started_processes(config)
         cost = 2 * self._reconfigure_estimate(config, started) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
-        if not self._warmed and callable(getattr(self.executor, "warm_start", None)) and started:
-            cost += SERVER_START_PRIOR  # the first trial that starts processes starts their servers too
+        if started and self._needs_warm(config):
+            cost += SERVER_START_PRIOR  # its processes' server starts first
         if self._search_trials:  # what this run's trials really cost (slow collects included)
             cost = max(cost, self.search_cost / self._search_trials)
         return benefit, cost
@@ -805,7 +838,7 @@ class OnlineTuner(_Session):
             profile_seconds=self.profile_seconds, cache_hit=self.cached is not None, mode="online",
             online={"locked": self.locked is not None,
                     "first_run": self.first_run_cost(), "search_cost_seconds": self.search_cost,
-                    "warming_collects": self.warming_collects,
+                    "warming_collects": self.warming_collects, "unmeasured_collects": self.unmeasured_collects,
                     "profile_source": self.profile_source, "reconfigures": list(self.reconfigures),
                     "declined": list(self.declined), "realized": list(self.realized)})
 
@@ -815,7 +848,7 @@ class OnlineTuner(_Session):
                   "reference_throughput": self.reference, "researches": self.researches,
                   "consecutive_drops": self._drops, "search_cost_seconds": self.search_cost,
                   "search_share": self.search_share, "profile_source": self.profile_source,
-                  "warming_collects": self.warming_collects,
+                  "warming_collects": self.warming_collects, "unmeasured_collects": self.unmeasured_collects,
                   "first_run": self.first_run_cost(),
                   "last_reconfigure": self.reconfigures[-1] if self.reconfigures else None})
         return s

@@ -35,11 +35,13 @@ class SB3Handle(FaceHandle):
         return self.adapter.state_of(model, self.vecnorm)
 
     def collect(self, model: Any, num_steps: int, extra_state: dict[str, np.ndarray] | None = None,
-                extra_key: Any = None) -> Any:
+                extra_key: Any = None, measure: bool = True) -> Any:
         """Publish the weights (plus ``extra_state``: per-collect exploration settings) unless
         nothing of them changed since the last publish, collect ``num_steps`` per env and log it.
         ``extra_key``: a summary of ``extra_state`` that is equal between two calls only when
-        ``extra_state`` is (the caller's, cheaper than reading the arrays); ``None``: read them."""
+        ``extra_state`` is (the caller's, cheaper than reading the arrays); ``None``: read them.
+        ``measure``: False for an off-policy warm-up collect (random actions, no policy), which
+        the online tuner must not time as the training's."""
         follow = getattr(self.adapter, "follow", None)
         if follow is not None:
             follow(model.policy)
@@ -58,7 +60,7 @@ class SB3Handle(FaceHandle):
             self._published = token
         left = int(getattr(model, "_total_timesteps", 0) or 0) - int(model.num_timesteps)
         # What is left of learn(): the online tuner moves only where the move pays back within it.
-        rollout = self.collect_rollout(num_steps, remaining_collects(left, num_steps * self.executor.num_envs))
+        rollout = self.collect_rollout(num_steps, remaining_collects(left, num_steps * self.executor.num_envs), measure)
         self._log(model, rollout)
         return rollout
 

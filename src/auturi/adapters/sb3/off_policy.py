@@ -8,7 +8,8 @@ changes which numbers an env sees, so every config fills the same buffer:
 
 - before ``learning_starts`` (SB3: ``num_timesteps < learning_starts``), a uniform random
   action per env (Box: ``low + u * (high - low)``; Discrete: ``floor(u * n)``); a collect
-  that crosses ``learning_starts`` is split there into two executor collects;
+  that crosses ``learning_starts`` is split there into two executor collects; the online
+  tuner does not time these warm-up collects (no policy runs in them);
 - SAC's stochastic actor samples ``tanh(mean + std * ndtri(u))``; TD3/DDPG act
   deterministically; DQN is epsilon-greedy with one coin per env (SB3 tosses one coin for
   all envs of a step) at the epsilon of the collect's start (SB3 moves it every step);
@@ -247,7 +248,8 @@ def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay
         if 0 < warm_rows < rows:
             rows = warm_rows  # split at learning_starts: the random part, then the policy's
         state = explore(self, warm_rows > 0, action_noise)
-        rollout = h.collect(self, rows, state, extra_key=explore.key)
+        # A warm-up collect runs no policy: the tuner does not time it as the training's.
+        rollout = h.collect(self, rows, state, extra_key=explore.key, measure=warm_rows == 0)
         if not _replay(self, h, rollout, callback, replay_buffer, action_noise, log_interval, progress):
             return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=False)
     callback.on_rollout_end()

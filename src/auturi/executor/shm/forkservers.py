@@ -176,20 +176,22 @@ def start_servers(torch: bool = True, extra: tuple[str, ...] = ()) -> None:
         start_torch_server(extra)
 
 
-def wait_ready(torch: bool = True, extra: tuple[str, ...] = (), env_extra: tuple[str, ...] = ()) -> float:
+def wait_ready(torch: bool = True, extra: tuple[str, ...] = (), env_extra: tuple[str, ...] = (),
+               env: bool = True) -> float:
     """Block until the servers :func:`start_servers` started have finished their imports
     (a server answers a fork request only then): one no-op process is forked from each and
-    joined (the env server: the one for factories naming ``env_extra``, see
-    :class:`EnvProcess`). Returns the seconds waited."""
+    joined (the env server, unless not ``env``: the one for factories naming ``env_extra``,
+    see :class:`EnvProcess`; the torch one with ``torch``). Returns the seconds waited."""
     from auturi.executor.shm.processes import start_without_main  # the child need not import __main__
 
     t0 = time.perf_counter()
-    if env_extra:
+    procs: list[Any] = []
+    if env and env_extra:
         ep = EnvProcess(target=_noop, daemon=True)
         ep.preload = env_extra  # type: ignore[attr-defined]
-        procs: list[Any] = [ep]
-    else:
-        procs = [_mp.get_context("forkserver").Process(target=_noop, daemon=True)]
+        procs.append(ep)
+    elif env:
+        procs.append(_mp.get_context("forkserver").Process(target=_noop, daemon=True))
     if torch:
         tp = TorchProcess(target=_noop, daemon=True)
         tp.preload = extra  # type: ignore[attr-defined]
