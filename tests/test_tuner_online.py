@@ -409,6 +409,23 @@ def test_with_few_collects_left_no_move_is_tried_and_serial_is_locked_in():
     assert online.result().online["declined"] == online.declined
 
 
+def test_a_moves_benefit_counts_the_trials_own_measured_collects():
+    """A trial's measured collects run at the new layout: a move's benefit is every collect
+    left after its warm-up, at the predicted gain times the discount."""
+    ex = ProfiledFake()
+    online = model_online(ex)
+    while not online.history:
+        online.collect(64, remaining_collects=1000)
+    online._prepare_strategy(ex, 64)
+    best = online.best()
+    c = max(SPACE16.configs, key=lambda c: online.strategy.predicted(c) or 0)
+    online.remaining_collects = 20
+    benefit, _ = online._payback(c)
+    gain = 1 - best.estimate / online.strategy.predicted(c)
+    collect_s = 64 * N16 / best.estimate
+    assert benefit == pytest.approx(online.discount() * gain * collect_s * (20 - online._warmup_collects()))
+
+
 def test_a_choice_a_short_run_cached_binds_runs_as_short_but_not_a_longer_one(tmp_path):
     """A short run declines the predicted best (it would not pay back in 8 collects) and caches
     serial: a run as short takes it as it is; a long one confirms it, then searches on
@@ -604,6 +621,19 @@ def test_collects_not_to_measure_are_the_learners_but_no_trials():
     start = online.history[0]
     assert start.config == Config.serial(N) and max(start.samples) < 1.5 * speeds(Config.serial(N))
     assert online.unmeasured_collects == 5 and online.result().online["unmeasured_collects"] == 5
+
+
+@pytest.mark.parametrize("num_steps,warmups", [(16, 1), (2048, 0)])
+def test_a_trial_after_long_collects_measures_its_first_collect(num_steps, warmups):
+    """The first collect after a reconfigure is discarded as a warm-up, unless the collects
+    last ``self_warming_seconds`` or more (here 2,048 steps x 8 envs at ~1,000 steps/s: 16 s):
+    what the reconfigure leaves to warm up is then within the noise of one collect."""
+    ex = FakeExecutor(N, speeds, noise=0.0)
+    online = grid_online(ex, budget_trials=3, self_warming_seconds=1.0)
+    while online.phase != "locked":
+        online.collect(num_steps)
+    assert len(online.history[0].warmup) == 1  # the very first collect (nothing ran before) warms up
+    assert [len(t.warmup) for t in online.history[1:]] == [warmups] * (len(online.history) - 1)
 
 
 def test_no_worker_server_starts_where_no_other_layout_pays_back():

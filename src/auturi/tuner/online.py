@@ -121,6 +121,11 @@ class OnlineTuner(_Session):
         monitor_seconds: once locked in, the drop monitor's samples span consecutive collects
             until they add up to this long: a cheap env's 30 ms collects dip by 15% often
             enough, by noise alone, to start re-searches that cost more than any drop they find.
+        self_warming_seconds: a trial after collects at least this long has no warm-up
+            collect (None: always the protocol's): what a reconfigure leaves to warm up (page
+            faults, first wake-ups, lazily built state) is milliseconds, within the protocol's
+            noise on such a collect, and discarding one cost a PPO run of 8 long collects an
+            eighth of its training at the trial's layout.
         explore_factor: with a known horizon, once nothing the model ranks close pays back, a
             layout family nothing was measured in is tried when, at the model's prediction
             raised by its current error, the trial pays back this many times over (a gamble:
@@ -155,7 +160,7 @@ class OnlineTuner(_Session):
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
                  profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05,
                  min_gain: float = 0.05, lock_margin: float = 0.03, monitor_seconds: float = 0.5,
-                 explore_factor: float = 2.0):
+                 explore_factor: float = 2.0, self_warming_seconds: float | None = 1.0):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -187,6 +192,10 @@ class OnlineTuner(_Session):
         if explore_factor < 1:
             raise ValueError(f"explore_factor must be >= 1, got {explore_factor}")
         self.explore_factor = explore_factor
+        if self_warming_seconds is not None and self_warming_seconds <= 0:
+            raise ValueError(f"self_warming_seconds must be > 0 or None, got {self_warming_seconds}")
+        self.self_warming_seconds = self_warming_seconds
+        self._last_seconds = 0.0  # the last measured collect's wall seconds
         self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
         self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
         self.warming_collects = 0  # collects not measured: the executor was still warming up (warm_start)
@@ -247,6 +256,7 @@ class OnlineTuner(_Session):
         c0 = self.clock()
         rollout = self.executor.collect(num_steps)
         seconds = self.clock() - c0
+        self._last_seconds = seconds
         steps = num_steps * self.executor.num_envs
         sps = throughput_of(rollout, seconds, steps)
         self.collects += 1
@@ -489,6 +499,8 @@ class OnlineTuner(_Session):
                 return False
         elif source == "research":
             warm = 0  # already running this config: nothing to warm up
+        if warm is None:
+            warm = self._warmup_collects()
         self.current = trial
         self._pending = (0.0, 0)
         self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock,
@@ -526,6 +538,12 @@ class OnlineTuner(_Session):
         if callable(needs):
             return bool(needs(config))
         return not self._warmed and callable(getattr(self.executor, "warm_start", None))
+
+    def _warmup_collects(self) -> int:
+        """Warm-up collects of the next trial: none after collects of ``self_warming_seconds``
+        or longer (see ``__init__``), else the protocol's."""
+        long = self.self_warming_seconds is not None and self._last_seconds >= self.self_warming_seconds
+        return 0 if long else self.protocol.warmup_collects
 
     def _started_processes(self, config: Config) -> int:
         """How many processes a reconfigure from the current layout to ``config`` starts."""
@@ -663,11 +681,12 @@ class OnlineTuner(_Session):
         """``(benefit, cost)`` in seconds of trying ``config``, or None when it cannot be told
         (the caller did not say how many collects remain, or nothing is measured yet).
 
-        Benefit: the collects left after the trial, each faster by the fraction the model's
-        prediction promises over the best measured config, times :meth:`discount` (the share
-        of their promise this run's trials delivered; one half before any; the model's
-        optimistic bound, which the search itself uses, would make a short run pay for trials
-        a long one can afford). Cost: reconfiguring there and back, and
+        Benefit: the collects left after the trial's warm-up (its measured collects run at
+        the new layout too), each faster by the fraction the model's prediction promises over
+        the best measured config, times :meth:`discount` (the share of their promise this
+        run's trials delivered; one half before any; the model's optimistic bound, which the
+        search itself uses, would make a short run pay for trials a long one can afford).
+        Cost: reconfiguring there and back, and
         the trial's warm-up and first sample at up to half speed (a slower trial stops after
         its first sample), or what this run's search trials cost on average so far, if more
         (their reconfigures and every collect's time beyond the best config's rate). A gain
@@ -679,13 +698,13 @@ class OnlineTuner(_Session):
         if left is None or best is None or not best.estimate or not pred or not math.isfinite(pred):
             return None
         collect_s = self._num_steps * self.executor.num_envs / best.estimate
-        trial_collects = self.protocol.warmup_collects + self.protocol.min_samples
+        warm = self._warmup_collects()
         gain = max(0.0, 1.0 - best.estimate / pred)
         if gain < self.min_gain:
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
-        benefit = self.discount() * gain * collect_s * max(0, left - trial_collects)
+        benefit = self.discount() * gain * collect_s * max(0, left - warm)
         started = self._started_processes(config)
-        cost = 2 * self._reconfigure_estimate(config, started) + 0.5 * collect_s * (self.protocol.warmup_collects + 1)
+        cost = 2 * self._reconfigure_estimate(config, started) + 0.5 * collect_s * (warm + 1)
         if started and self._needs_warm(config):
             cost += SERVER_START_PRIOR  # its processes' server starts first
         if self._search_trials:  # what this run's trials really cost (slow collects included)
