@@ -85,7 +85,7 @@ def learn_in_new_process(*args, **kwargs) -> dict:
     started serve every later one, and SubprocVecEnv's workers find SB3 imported)."""
     import subprocess
 
-    code = ("import json, sys; from bench.offpolicy import learn_once; "
+    code = ("import json, sys, torch; from bench.offpolicy import learn_once; torch.set_num_threads(1); "  # as main()
             "a = json.loads(sys.argv[1]); print('RESULT' + json.dumps(learn_once(*a[0], **a[1])))")
     done = subprocess.run([sys.executable, "-c", code, json.dumps([args, kwargs])], capture_output=True, text=True,
                           check=False)
