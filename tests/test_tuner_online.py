@@ -409,21 +409,31 @@ def test_with_few_collects_left_no_move_is_tried_and_serial_is_locked_in():
     assert online.result().online["declined"] == online.declined
 
 
-def test_a_moves_benefit_counts_the_trials_own_measured_collects():
+def test_a_moves_payback_counts_the_trials_own_collects_and_the_way_back_at_its_price():
     """A trial's measured collects run at the new layout: a move's benefit is every collect
-    left after its warm-up, at the predicted gain times the discount."""
+    left after its warm-up, at the predicted gain times the discount (one half before any
+    trial); its cost prices the way there and the way back each by the processes it starts
+    (back to serial: none), plus the warm-up and first collect at half speed."""
+    from auturi.tuner.online import PROCESS_START_PRIOR, RECONFIGURE_BASE
+
     ex = ProfiledFake()
     online = model_online(ex)
-    while not online.history:
-        online.collect(64, remaining_collects=1000)
-    online._prepare_strategy(ex, 64)
-    best = online.best()
-    c = max(SPACE16.configs, key=lambda c: online.strategy.predicted(c) or 0)
-    online.remaining_collects = 20
-    benefit, _ = online._payback(c)
-    gain = 1 - best.estimate / online.strategy.predicted(c)
-    collect_s = 64 * N16 / best.estimate
-    assert benefit == pytest.approx(online.discount() * gain * collect_s * (20 - online._warmup_collects()))
+    for left in range(8, 0, -1):  # too short for any move: each is priced and declined
+        online.collect(64, remaining_collects=left)
+    serial = Config.serial(N16)
+    assert ex.config == serial and online.declined
+    warm = online._warmup_collects()
+    priced = [d for d in online.declined if d["cost_seconds"] > 0]  # not a gain under min_gain
+    assert priced
+    for d in priced:
+        c = Config(**d["config"])
+        started = online._started_processes(c, serial)
+        assert started > 0 and online._started_processes(serial, c) == 0
+        collect_s = 64 * N16 / d["best"]
+        gain = 1 - d["best"] / d["predicted"]
+        assert d["benefit_seconds"] == pytest.approx(0.5 * gain * collect_s * (d["collects_left"] - warm))
+        there = RECONFIGURE_BASE + started * PROCESS_START_PRIOR
+        assert d["cost_seconds"] == pytest.approx(there + RECONFIGURE_BASE + 0.5 * collect_s * (warm + 1))
 
 
 def test_a_choice_a_short_run_cached_binds_runs_as_short_but_not_a_longer_one(tmp_path):
@@ -625,15 +635,16 @@ def test_collects_not_to_measure_are_the_learners_but_no_trials():
 
 @pytest.mark.parametrize("num_steps,warmups", [(16, 1), (2048, 0)])
 def test_a_trial_after_long_collects_measures_its_first_collect(num_steps, warmups):
-    """The first collect after a reconfigure is discarded as a warm-up, unless the collects
-    last ``self_warming_seconds`` or more (here 2,048 steps x 8 envs at ~1,000 steps/s: 16 s):
-    what the reconfigure leaves to warm up is then within the noise of one collect."""
+    """The first collect of a trial is discarded as a warm-up, unless the collects last
+    ``self_warming_seconds`` or more (here 2,048 steps x 8 envs at ~1,000 steps/s: 16 s):
+    what a reconfigure (or the run's start) leaves to warm up is then within the noise of one
+    collect, and the median of the trial's samples is robust to one slow sample anyway."""
     ex = FakeExecutor(N, speeds, noise=0.0)
     online = grid_online(ex, budget_trials=3, self_warming_seconds=1.0)
     while online.phase != "locked":
         online.collect(num_steps)
-    assert len(online.history[0].warmup) == 1  # the very first collect (nothing ran before) warms up
-    assert [len(t.warmup) for t in online.history[1:]] == [warmups] * (len(online.history) - 1)
+    assert len(online.history) == 3
+    assert [len(t.warmup) for t in online.history] == [warmups] * 3
 
 
 def test_no_worker_server_starts_where_no_other_layout_pays_back():

@@ -121,8 +121,8 @@ class OnlineTuner(_Session):
         monitor_seconds: once locked in, the drop monitor's samples span consecutive collects
             until they add up to this long: a cheap env's 30 ms collects dip by 15% often
             enough, by noise alone, to start re-searches that cost more than any drop they find.
-        self_warming_seconds: a trial after collects at least this long has no warm-up
-            collect (None: always the protocol's): what a reconfigure leaves to warm up (page
+        self_warming_seconds: a trial's collects at least this long are measured from the
+            first (None: the protocol's warm-up always): what a reconfigure leaves to warm up (page
             faults, first wake-ups, lazily built state) is milliseconds, within the protocol's
             noise on such a collect, and discarding one cost a PPO run of 8 long collects an
             eighth of its training at the trial's layout.
@@ -545,12 +545,13 @@ class OnlineTuner(_Session):
         long = self.self_warming_seconds is not None and self._last_seconds >= self.self_warming_seconds
         return 0 if long else self.protocol.warmup_collects
 
-    def _started_processes(self, config: Config) -> int:
-        """How many processes a reconfigure from the current layout to ``config`` starts."""
+    def _started_processes(self, config: Config, origin: Config | None = None) -> int:
+        """How many processes a reconfigure from ``origin`` (default: the current layout) to
+        ``config`` starts."""
         try:
             from auturi.executor.layout import plan_layout
 
-            return len(plan_layout(self.executor.config).diff(plan_layout(config)).started)
+            return len(plan_layout(origin or self.executor.config).diff(plan_layout(config)).started)
         except Exception:  # a test double's config the planner refuses: assume one process
             return 1
 
@@ -567,6 +568,8 @@ class OnlineTuner(_Session):
         span ``min_sample_seconds`` (a warm-up collect is fed alone: it is discarded)."""
         rec = self._rec
         assert rec is not None
+        if rec.warmup_left > 0 and self._warmup_collects() == 0:
+            rec.warmup_left = 0  # this collect was long enough to be its own warm-up (self_warming_seconds)
         if rec.warmup_left > 0 or not (sps > 0 and math.isfinite(sps)):
             self._feed(sps)
             return
@@ -686,7 +689,8 @@ class OnlineTuner(_Session):
         the best measured config, times :meth:`discount` (the share of their promise this
         run's trials delivered; one half before any; the model's optimistic bound, which the
         search itself uses, would make a short run pay for trials a long one can afford).
-        Cost: reconfiguring there and back, and
+        Cost: reconfiguring there and back (each priced by the processes it starts: back
+        to a layout of fewer processes starts none), and
         the trial's warm-up and first sample at up to half speed (a slower trial stops after
         its first sample), or what this run's search trials cost on average so far, if more
         (their reconfigures and every collect's time beyond the best config's rate). A gain
@@ -704,7 +708,8 @@ class OnlineTuner(_Session):
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
         benefit = self.discount() * gain * collect_s * max(0, left - warm)
         started = self._started_processes(config)
-        cost = 2 * self._reconfigure_estimate(config, started) + 0.5 * collect_s * (warm + 1)
+        back = self._reconfigure_estimate(self.executor.config, self._started_processes(self.executor.config, config))
+        cost = self._reconfigure_estimate(config, started) + back + 0.5 * collect_s * (warm + 1)
         if started and self._needs_warm(config):
             cost += SERVER_START_PRIOR  # its processes' server starts first
         if self._search_trials:  # what this run's trials really cost (slow collects included)
