@@ -69,12 +69,17 @@ def test_warm_start_starts_only_the_servers_a_layouts_processes_fork_from(tmp_pa
             ex.reconfigure(actors)
             ex.collect(2)
             ex.close()
+            # A server a started process forked from serves: no trial waits for it again.
+            ex2 = make_executor(env_fn, TorchPolicy(net, env.action_space), num_envs=4, config=degree, backend="shm")
+            built = (ex2.needs_warm_start(degree), ex2.needs_warm_start(actors))
+            ex2.close()
             with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as f:
-                f.write(repr((before, started, after, last)))
+                f.write(repr((before, started, after, last, built)))
             print(os.getpid(), flush=True)
     """)
-    before, started, after, last = eval(main)
+    before, started, after, last, built = eval(main)
     assert before == (True, True, False)
     assert started == ["env"]  # the torch server is not started for env workers
     assert after == (False, True)
     assert last == (False, ["env", "torch"])
+    assert built == (False, True)  # its env workers forked from the env server; the torch one is not started

@@ -187,3 +187,50 @@ def test_the_online_tuner_does_not_time_warm_up_collects(learning_starts):
     fed = sum(t.n + len(t.warmup) for t in tuner.history) + (tuner.current.n if tuner.current else 0)
     assert fed <= len(seen) - len(warm)  # no trial got a warm-up collect
     assert tuner.history  # the search ran on the measured ones
+    # The run is keyed (cache) by the usual collect size, not by the split one at learning_starts.
+    assert tuner.workload["num_steps"] == 4
+
+
+def test_a_cached_choice_runs_the_warm_up_collects_too(tmp_path):
+    """The off-policy face starts the tuner at the first collect, warm-up or not: a cached
+    layout collects the random warm-up too (it did before warm-up collects went untimed)."""
+    two = CONFIGS["two-actors"]
+    opts = {"cache": str(tmp_path), "min_sample_seconds": 0, "space": _space_of(two)}
+
+    def slow_dqn(learning_starts):  # a 1 ms step: two actors collect ~2x faster than serial
+        env = make_vec_env("auturi.envs.testing:auturi/Slow-v0", n_envs=N, seed=3, env_kwargs={"action": "discrete"})
+        return DQN("MlpPolicy", env, learning_starts=learning_starts, train_freq=4, buffer_size=2000, batch_size=16,
+                   policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
+
+    first = wrap_sb3(slow_dqn(0), tuner_options=opts)
+    try:  # the tuner alone, no horizon (no payback rule): it measures both layouts and caches the faster
+        for _ in range(200):
+            first.auturi.tuner.collect(4)
+            if first.auturi.tuner.locked is not None:
+                break
+        assert first.auturi.tuner.locked_config == two  # the precondition: a cached layout other than serial
+    finally:
+        unwrap_sb3(first)
+    model = wrap_sb3(slow_dqn(40), tuner_options=opts)
+    tuner = model.auturi.tuner
+    configs: list = []
+    inner = tuner.collect
+
+    def spy(num_steps, remaining_collects=None, measure=True):
+        out = inner(num_steps, remaining_collects=remaining_collects, measure=measure)
+        configs.append((measure, tuner.executor.config))
+        return out
+
+    tuner.collect = spy
+    try:
+        model.learn(80)
+    finally:
+        unwrap_sb3(model)
+    warm = [c for m, c in configs if not m]
+    assert tuner.cached is not None and len(warm) == 3 and set(warm) == {two}
+
+
+def _space_of(*configs):
+    from auturi.tuner import SearchSpace
+
+    return SearchSpace(totals=(N,), cores=2, devices=("cpu",), configs=[Config.serial(N), *configs])

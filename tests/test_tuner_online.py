@@ -618,6 +618,19 @@ def test_each_worker_server_starts_before_the_first_trial_that_forks_from_it():
     assert online.phase == "locked"
 
 
+def test_a_trials_warm_up_is_decided_by_its_own_first_collect_not_the_layout_it_left():
+    """Serial collects of 1.3-2.6 s, then a trial of a layout whose first collect takes 0.85 s:
+    that trial keeps its warm-up (the long collects were the old layout's)."""
+    ex = FakeExecutor(N, speeds, noise=0.0)  # the first collect after a reconfigure runs at half speed
+    online = grid_online(ex, budget_trials=4, self_warming_seconds=1.0)
+    while online.phase != "locked":
+        online.collect(160)  # 1,280 steps
+    first_seconds = {t.config: 1280 / (0.5 * speeds(t.config)) for t in online.history}
+    assert first_seconds[FAST] < 1.0 < first_seconds[Config.serial(N)]
+    assert [len(t.warmup) for t in online.history] == [0 if first_seconds[t.config] >= 1.0 else 1
+                                                       for t in online.history]
+
+
 def test_collects_not_to_measure_are_the_learners_but_no_trials():
     ex = FakeExecutor(N, speeds, noise=0.0)
     online = grid_online(ex, budget_trials=3)

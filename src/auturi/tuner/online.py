@@ -242,7 +242,9 @@ class OnlineTuner(_Session):
 
         ``measure=False``: this collect is not like the training's (an off-policy warm-up
         before ``learning_starts`` acts at random and runs no policy): it runs under the
-        current config and is not measured; the search starts at the first measured collect.
+        current config (a cached choice's, once :meth:`begin` set it up) and feeds no trial
+        or monitor; the search measures from the first measured collect (its clock, and a
+        ``budget_seconds``, run from :meth:`begin` or that collect).
         Measured in the warm-up, an 8-env DQN on a 1 ms env timed two layouts alike that
         differ by 1.3x once the policy acts, and locked in the slower."""
         self.remaining_collects = remaining_collects
@@ -499,8 +501,6 @@ class OnlineTuner(_Session):
                 return False
         elif source == "research":
             warm = 0  # already running this config: nothing to warm up
-        if warm is None:
-            warm = self._warmup_collects()
         self.current = trial
         self._pending = (0.0, 0)
         self._rec = TrialRecorder(trial, self.protocol, warmup=warm, clock=self.clock,
@@ -540,8 +540,10 @@ class OnlineTuner(_Session):
         return not self._warmed and callable(getattr(self.executor, "warm_start", None))
 
     def _warmup_collects(self) -> int:
-        """Warm-up collects of the next trial: none after collects of ``self_warming_seconds``
-        or longer (see ``__init__``), else the protocol's."""
+        """Warm-up collects a trial is expected to discard (the payback rule's estimate): none
+        where the last collect lasted ``self_warming_seconds`` or longer (see ``__init__``;
+        the trial itself decides on its own first collect, in :meth:`_gather`), else the
+        protocol's."""
         long = self.self_warming_seconds is not None and self._last_seconds >= self.self_warming_seconds
         return 0 if long else self.protocol.warmup_collects
 

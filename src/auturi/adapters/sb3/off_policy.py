@@ -238,6 +238,11 @@ def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay
     explore = h.exploration
     if explore is None:
         explore = h.exploration = _Exploration()
+    tuner = h.tuner
+    if tuner is not None and tuner.t0 is None:
+        # The run starts with the usual collect size (the first collect may be a split one):
+        # a cached choice's layout is set up now, for the warm-up collects too.
+        tuner.begin(train_freq.frequency if in_steps else 1)
     progress = {"steps": 0, "episodes": 0}
     callback.on_rollout_start()
     # SB3's should_collect_more_steps, inline (it runs once per step).

@@ -152,9 +152,9 @@ class ShmExecutor(Executor):
 
         try:
             if server == "env":
-                wait_ready(torch=False, env=True, env_extra=self._env_modules)
+                wait_ready(torch=False, env=True, env_extra=self._env_modules, timeout=WARM_TIMEOUT)
             else:
-                wait_ready(torch=True, env=False, extra=self._preload)
+                wait_ready(torch=True, env=False, extra=self._preload, timeout=WARM_TIMEOUT)
         except Exception:  # a server that cannot fork: the next reconfigure says why
             pass
         finally:
@@ -405,6 +405,8 @@ class ShmExecutor(Executor):
             s.proc.preload = preload
         processes.start_without_main(s.proc)
         ctrl["pid"][i] = s.proc.pid  # named if it is stuck before it starts
+        if self._ctx.get_start_method() == "forkserver":  # its server serves: no trial need wait for it
+            self._warm.setdefault("torch" if runs_policy and self._torch_process is not None else "env", _SERVING)
         if child_conn is not None:
             child_conn.close()
 
@@ -598,6 +600,15 @@ def _env_modules(args: tuple, kwargs: dict) -> tuple[str, ...]:
     except Exception:  # a bad env argument: the base constructor says why
         return ()
     return modules_to_preload(fns[0]) if fns else ()
+
+
+_SERVING = threading.Event()
+_SERVING.set()
+"""The ``_warm`` entry of a server a started process forked from: it serves."""
+WARM_TIMEOUT = 300.0
+"""Seconds :meth:`ShmExecutor.warm_start`'s watcher waits for a server's imports; past them
+``warming`` ends anyway (a trial must not wait forever on a hung import) and the reconfigure
+that needs the server reports what is wrong with it."""
 
 
 def _first_layout_forks_policy(args: tuple, kwargs: dict) -> bool:

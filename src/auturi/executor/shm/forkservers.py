@@ -177,11 +177,12 @@ def start_servers(torch: bool = True, extra: tuple[str, ...] = ()) -> None:
 
 
 def wait_ready(torch: bool = True, extra: tuple[str, ...] = (), env_extra: tuple[str, ...] = (),
-               env: bool = True) -> float:
+               env: bool = True, timeout: float | None = None) -> float:
     """Block until the servers :func:`start_servers` started have finished their imports
     (a server answers a fork request only then): one no-op process is forked from each and
     joined (the env server, unless not ``env``: the one for factories naming ``env_extra``,
-    see :class:`EnvProcess`; the torch one with ``torch``). Returns the seconds waited."""
+    see :class:`EnvProcess`; the torch one with ``torch``), each for up to ``timeout`` seconds
+    (None: as long as it takes). Returns the seconds waited."""
     from auturi.executor.shm.processes import start_without_main  # the child need not import __main__
 
     t0 = time.perf_counter()
@@ -199,5 +200,5 @@ def wait_ready(torch: bool = True, extra: tuple[str, ...] = (), env_extra: tuple
     for p in procs:
         start_without_main(p)
     for p in procs:
-        p.join()
+        p.join(None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0)))
     return time.perf_counter() - t0
