@@ -169,18 +169,7 @@ def test_the_online_tuner_does_not_time_warm_up_collects(learning_starts):
     model = make("dqn", learning_starts, 4)
     wrap_sb3(model, budget_trials=2, tuner_options={"cache": False, "min_sample_seconds": 0})
     tuner = model.auturi.tuner
-    seen: list[tuple[bool, int]] = []  # (measured, num_timesteps before the collect)
-    inner = tuner.collect
-
-    def spy(num_steps, remaining_collects=None, measure=True):
-        seen.append((measure, model.num_timesteps))
-        return inner(num_steps, remaining_collects=remaining_collects, measure=measure)
-
-    tuner.collect = spy
-    try:
-        model.learn(160)
-    finally:
-        unwrap_sb3(model)
+    seen = _learn_watching(model, 160, lambda: model.num_timesteps)  # (measured, timesteps before)
     warm = [t for m, t in seen if not m]
     assert all(t < learning_starts for t in warm) and all(t >= learning_starts for m, t in seen if m)
     assert len(warm) == -(-learning_starts // (4 * N)) == tuner.unmeasured_collects
@@ -213,21 +202,28 @@ def test_a_cached_choice_runs_the_warm_up_collects_too(tmp_path):
         unwrap_sb3(first)
     model = wrap_sb3(slow_dqn(40), tuner_options=opts)
     tuner = model.auturi.tuner
-    configs: list = []
+    configs = _learn_watching(model, 80, lambda: tuner.executor.config)  # (measured, layout)
+    warm = [c for m, c in configs if not m]
+    assert tuner.cached is not None and len(warm) == 3 and set(warm) == {two}
+
+
+def _learn_watching(model, steps: int, what) -> list[tuple[bool, object]]:
+    """``model.learn(steps)`` (then unwrap), recording for each collect the tuner made whether
+    it was measured and ``what()`` just before it."""
+    tuner = model.auturi.tuner
+    seen: list[tuple[bool, object]] = []
     inner = tuner.collect
 
     def spy(num_steps, remaining_collects=None, measure=True):
-        out = inner(num_steps, remaining_collects=remaining_collects, measure=measure)
-        configs.append((measure, tuner.executor.config))
-        return out
+        seen.append((measure, what()))
+        return inner(num_steps, remaining_collects=remaining_collects, measure=measure)
 
     tuner.collect = spy
     try:
-        model.learn(80)
+        model.learn(steps)
     finally:
         unwrap_sb3(model)
-    warm = [c for m, c in configs if not m]
-    assert tuner.cached is not None and len(warm) == 3 and set(warm) == {two}
+    return seen
 
 
 def _space_of(*configs):
