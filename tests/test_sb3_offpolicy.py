@@ -185,22 +185,17 @@ def test_a_cached_choice_runs_the_warm_up_collects_too(tmp_path):
     layout collects the random warm-up too (it did before warm-up collects went untimed)."""
     two = CONFIGS["two-actors"]
     opts = {"cache": str(tmp_path), "min_sample_seconds": 0, "space": _space_of(two)}
-
-    def slow_dqn(learning_starts):  # a 1 ms step: two actors collect ~2x faster than serial
-        env = make_vec_env("auturi.envs.testing:auturi/Slow-v0", n_envs=N, seed=3, env_kwargs={"action": "discrete"})
-        return DQN("MlpPolicy", env, learning_starts=learning_starts, train_freq=4, buffer_size=2000, batch_size=16,
-                   policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
-
-    first = wrap_sb3(slow_dqn(0), tuner_options=opts)
-    try:  # the tuner alone, no horizon (no payback rule): it measures both layouts and caches the faster
-        for _ in range(200):
-            first.auturi.tuner.collect(4)
-            if first.auturi.tuner.locked is not None:
-                break
-        assert first.auturi.tuner.locked_config == two  # the precondition: a cached layout other than serial
+    first = wrap_sb3(make("dqn", 0, 4), tuner_options=opts)
+    try:  # a record for this workload, with two actors as its choice (whatever this box measures)
+        tuner = first.auturi.tuner
+        while tuner.t0 is None or not tuner.history:
+            tuner.collect(4)
+        record = tuner.result().to_record()
+        record["choice"]["config"] = two.to_dict()
+        tuner.cache.store(record)
     finally:
         unwrap_sb3(first)
-    model = wrap_sb3(slow_dqn(40), tuner_options=opts)
+    model = wrap_sb3(make("dqn", 40, 4), tuner_options=opts)
     tuner = model.auturi.tuner
     configs = _learn_watching(model, 80, lambda: tuner.executor.config)  # (measured, layout)
     warm = [c for m, c in configs if not m]
