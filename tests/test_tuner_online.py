@@ -618,6 +618,49 @@ def test_each_worker_server_starts_before_the_first_trial_that_forks_from_it():
     assert online.phase == "locked"
 
 
+def test_a_long_unmeasured_warm_up_starts_the_env_workers_server_ahead_and_no_trial_waits_for_it():
+    """Collects not to measure (an off-policy warm-up) that last ``warm_ahead_seconds`` start
+    the env workers' server (not torch's); the search's first trial of env workers then
+    starts right after the start trial, instead of waiting for the server's imports."""
+    from auturi.tuner import SearchSpace
+
+    degree = Config(num_actors=1, envs_per_actor=N, env_parallel_degree=4)
+    ex = TwoServerFake(warm={"env": 2, "torch": 6})
+    space = SearchSpace(totals=(N,), cores=8, devices=("cpu",), configs=[Config.serial(N), degree])
+    online = OnlineTuner(ex, "grid", space=space, cache=False, clock=ex.clock, min_samples=2, max_samples=2,
+                         search_share=None, min_sample_seconds=0, warm_ahead_seconds=0.5)
+    online.begin(16)
+    before = 0.0
+    for _ in range(50):
+        if ex.left:
+            break
+        before = ex.clock()
+        online.collect(16, measure=False)
+    assert before < 0.5 <= ex.clock() and set(ex.left) == {"env"}  # at the threshold, env workers' only
+    for _ in range(3):  # the rest of the warm-up: the server serves meanwhile
+        online.collect(16, measure=False)
+    while online.phase != "locked":
+        online.collect(16)
+    start = online.history[0]
+    assert ex.reconfigured_while[0] == (degree, set(), online.unmeasured_collects + start.n + len(start.warmup))
+    assert online.warming_collects == 0 and set(ex.left) == {"env"}
+
+
+@pytest.mark.parametrize("case", ["short", "off", "one_env"])
+def test_no_server_starts_ahead_for_a_short_warm_up_when_off_or_with_one_env(case):
+    if case == "one_env":
+        ex = FakeExecutor(1, lambda c: 1000.0)
+        ex.warm_start = lambda config=None: pytest.fail("one env: no layout of env workers to warm for")
+    else:
+        ex = TwoServerFake(warm={"env": 2, "torch": 6})
+    online = OnlineTuner(ex, "grid", cache=False, clock=ex.clock, search_share=None, min_sample_seconds=0,
+                         warm_ahead_seconds=None if case == "off" else (100.0 if case == "short" else 0.1))
+    online.begin(16)
+    for _ in range(20):
+        online.collect(16, measure=False)
+    assert ex.clock() > 0.1 and getattr(ex, "left", {}) == {}
+
+
 def test_a_trials_warm_up_is_decided_by_its_own_first_collect_not_the_layout_it_left():
     """Serial collects of 1.3-2.6 s, then a trial of a layout whose first collect takes 0.85 s:
     that trial keeps its warm-up (the long collects were the old layout's)."""

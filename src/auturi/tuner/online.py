@@ -19,6 +19,8 @@ What one training run pays for the search, and how it is kept small:
   until it serves, the training collecting on the current layout meanwhile;
   collects made while they import (``executor.warming``) are the learner's but not measured
   (timed then, the start layout read up to 40% slow and every other layout looked a gain);
+  during a long enough stretch of collects nobody times (an off-policy warm-up) the env
+  workers' server starts ahead, its imports hidden there (``warm_ahead_seconds``);
 - a trial whose first measured sample is clearly slower than the best stops there;
 - the search's cost (reconfigures, and each search collect's time beyond what the best
   config so far would have taken) is held under ``search_share`` of the wall time by
@@ -126,6 +128,13 @@ class OnlineTuner(_Session):
             faults, first wake-ups, lazily built state) is milliseconds, within the protocol's
             noise on such a collect, and discarding one cost a PPO run of 8 long collects an
             eighth of its training at the trial's layout.
+        warm_ahead_seconds: once collects the caller said not to measure (an off-policy
+            warm-up before ``learning_starts``) have lasted this long while the search has
+            yet to run, the env workers' forkserver starts (None: never ahead): its imports
+            then overlap collects nobody times, instead of deferring the search's first trial
+            of env workers while the training collects serially (a fresh 8-env DQN on a 1 ms
+            env waited 0.5 s there). Not the policy processes' server: torch's imports take
+            seconds of a core, which a short warm-up would not hide.
         explore_factor: with a known horizon, once nothing the model ranks close pays back, a
             layout family nothing was measured in is tried when, at the model's prediction
             raised by its current error, the trial pays back this many times over (a gamble:
@@ -160,7 +169,8 @@ class OnlineTuner(_Session):
                  search_share: float | None = 0.05, slower_margin: float = 0.1, confirm_tolerance: float = 0.10,
                  profile_from_rollouts: bool = True, min_sample_seconds: float = 0.05,
                  min_gain: float = 0.05, lock_margin: float = 0.03, monitor_seconds: float = 0.5,
-                 explore_factor: float = 2.0, self_warming_seconds: float | None = 1.0):
+                 explore_factor: float = 2.0, self_warming_seconds: float | None = 1.0,
+                 warm_ahead_seconds: float | None = 0.5):
         if search_share is not None and not 0 < search_share <= 1:
             raise ValueError(f"search_share must be in (0, 1] or None, got {search_share}")
         if not 0 < drop_fraction < 1:
@@ -195,6 +205,10 @@ class OnlineTuner(_Session):
         if self_warming_seconds is not None and self_warming_seconds <= 0:
             raise ValueError(f"self_warming_seconds must be > 0 or None, got {self_warming_seconds}")
         self.self_warming_seconds = self_warming_seconds
+        if warm_ahead_seconds is not None and warm_ahead_seconds < 0:
+            raise ValueError(f"warm_ahead_seconds must be >= 0 or None, got {warm_ahead_seconds}")
+        self.warm_ahead_seconds = warm_ahead_seconds
+        self._unmeasured_seconds = 0.0  # wall seconds of the collects not to measure so far
         self._last_seconds = 0.0  # the last measured collect's wall seconds
         self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
         self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
@@ -296,13 +310,33 @@ class OnlineTuner(_Session):
         config = self.executor.config
         c0 = self.clock()
         rollout = self.executor.collect(num_steps)
+        seconds = self.clock() - c0
         tot = self._log.setdefault(config, [0, 0.0, 0])
         tot[0] += 1
-        tot[1] += self.clock() - c0
+        tot[1] += seconds
         tot[2] += num_steps * self.executor.num_envs
         self.collects += 1
         self.unmeasured_collects += 1
+        before, self._unmeasured_seconds = self._unmeasured_seconds, self._unmeasured_seconds + seconds
+        ahead = self.warm_ahead_seconds
+        if ahead is not None and before < ahead <= self._unmeasured_seconds:
+            self._warm_ahead()
         return rollout
+
+    def _warm_ahead(self) -> None:
+        """Start the env workers' forkserver during collects nobody times (see
+        ``warm_ahead_seconds``), when the search has yet to run and the executor can fork env
+        workers for these envs (two or more; a cached choice's layout started its own)."""
+        warm, n = getattr(self.executor, "warm_start", None), self.executor.num_envs
+        if (not callable(warm) or n < 2 or self.locked is not None or self.history
+                or self.phase not in ("idle", "explore")):
+            return
+        env_workers = Config(num_actors=1, envs_per_actor=n, env_parallel_degree=2)
+        if not self._needs_warm(env_workers):
+            return
+        self._warmed = True
+        warm(env_workers)
+        self._emit("phase", None, None, "starting the env workers' server during collects not measured")
 
     def begin(self, num_steps: int) -> None:
         """Start the run now, before the first collect of ``num_steps`` steps per env (a face
