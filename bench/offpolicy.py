@@ -34,7 +34,9 @@ import time
 
 from bench.common import machine_header, paired_ratios, rotated, summarize
 
-KINDS = ("dummy", "subproc", "wrap", "fixed")
+KINDS = ("dummy", "subproc", "wrap", "wrap_subproc", "fixed")
+"""``wrap_subproc``: the default ``auturi.wrap`` of a model built on a SubprocVecEnv (a
+SubprocVecEnv user adding the one line: the search starts from an env worker per env)."""
 
 
 def mujoco_env(preferred: str) -> str:
@@ -64,7 +66,7 @@ def make_model(algo: str, env_id: str, n_envs: int, seed: int, kind: str, tiny: 
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    vec_cls = SubprocVecEnv if kind == "subproc" else DummyVecEnv
+    vec_cls = SubprocVecEnv if kind in ("subproc", "wrap_subproc") else DummyVecEnv
     env_kwargs = None
     if env_id.startswith("auturi/"):  # auturi's test envs (auturi/Slow-v0: 1 ms a step); Box actions off-policy
         env_kwargs = {"action": "discrete" if algo == "dqn" else "box"}
@@ -110,7 +112,7 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
     t_build = time.perf_counter()
     model = make_model(algo, env_id, n_envs, seed, kind, tiny, hyper)
     cache_dir = tempfile.TemporaryDirectory(prefix="auturi-bench-cache-") if fresh_cache else None
-    if kind == "wrap":
+    if kind in ("wrap", "wrap_subproc"):
         auturi.wrap(model, **({"tuner_options": {"cache": cache_dir.name}} if cache_dir else {}))
     elif kind == "fixed":
         auturi.wrap(model, config=auturi.Config.from_json(config_json))
@@ -120,9 +122,9 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
         secs = time.perf_counter() - t0
         build = t0 - t_build
         eps = list(model.ep_info_buffer)[-20:]
-        layout = str(model.auturi.config) if kind in ("wrap", "fixed") else kind
+        layout = str(model.auturi.config) if kind in ("wrap", "wrap_subproc", "fixed") else kind
     finally:
-        if kind in ("wrap", "fixed"):
+        if kind in ("wrap", "wrap_subproc", "fixed"):
             auturi.unwrap(model)
         model.env.close()
         if cache_dir is not None:
@@ -437,7 +439,7 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
         models, acc = {}, {}
         for kind in kinds:
             m = make_model(algo, env, n_envs, 0, "dummy", tiny)
-            if kind == "wrap":
+            if kind in ("wrap", "wrap_subproc"):
                 auturi.wrap(m)
             acc[kind] = a = {"collect": 0.0, "train": 0.0}
             for name in ("collect_rollouts", "train"):

@@ -83,3 +83,44 @@ def test_warm_start_starts_only_the_servers_a_layouts_processes_fork_from(tmp_pa
     assert after == (False, True)
     assert last == (False, ["env", "torch"])
     assert built == (False, True)  # its env workers forked from the env server; the torch one is not started
+
+
+def test_env_workers_fork_from_auturis_server_when_another_library_started_the_standard_one(tmp_path):
+    """SB3's SubprocVecEnv (built before ``auturi.wrap``) starts the standard forkserver, whose
+    preload is then fixed for the whole process: env workers forked from it imported gymnasium
+    and auturi themselves (7 workers took 1.1 s to start instead of 0.1). They fork from
+    Auturi's own env server, also where their factories name no module of their own."""
+    main, workers = run_probe_script(tmp_path, """
+        import functools, multiprocessing, os, sys
+        from multiprocessing import forkserver
+        from auturi import Config, make_executor
+        from auturi.envs import CountingEnv
+        from auturi.policy import RandomPolicy
+
+        def noop():
+            pass
+
+        if __name__ == "__main__":
+            other = multiprocessing.get_context("forkserver").Process(target=noop)  # as SubprocVecEnv's
+            other.start()
+            other.join()
+            standard = forkserver._forkserver._forkserver_pid
+            env_fn = functools.partial(CountingEnv)
+            ex = make_executor(env_fn, RandomPolicy(env_fn().action_space), num_envs=4,
+                               config=Config(envs_per_actor=4, env_parallel_degree=4), backend="shm")
+            ex.collect(2)
+            from auturi.executor.shm.forkservers import ENV_PRELOAD, _servers
+            ours = _servers[tuple(ENV_PRELOAD)]._forkserver_pid
+            for slot in ex._slots:
+                with open(f"/proc/{slot.proc.pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                where = "ours" if ppid == ours else ("standard" if ppid == standard else str(ppid))
+                with open(os.path.join(sys.argv[1], str(slot.proc.pid)), "w") as f:
+                    f.write(where)
+            ex.close()
+            with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as f:
+                f.write("main")
+            print(os.getpid(), flush=True)
+    """)
+    assert main == "main" and len(workers) == 3
+    assert set(workers.values()) == {"ours"}, workers

@@ -32,9 +32,9 @@ def buffer_of(model) -> dict[str, np.ndarray]:
     return {k: getattr(b, k)[:b.pos].copy() for k in KEYS}
 
 
-def make(algo: str, learning_starts: int, train_freq):
+def make(algo: str, learning_starts: int, train_freq, vec_env_cls=None):
     if algo == "dqn":
-        env = make_vec_env("CartPole-v1", n_envs=N, seed=3)
+        env = make_vec_env("CartPole-v1", n_envs=N, seed=3, vec_env_cls=vec_env_cls)
         return DQN("MlpPolicy", env, learning_starts=learning_starts, train_freq=train_freq, buffer_size=2000,
                    batch_size=16, exploration_initial_eps=0.0, exploration_final_eps=0.0, target_update_interval=20,
                    policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
@@ -225,3 +225,37 @@ def _space_of(*configs):
     from auturi.tuner import SearchSpace
 
     return SearchSpace(totals=(N,), cores=2, devices=("cpu",), configs=[Config.serial(N), *configs])
+
+
+def test_a_subproc_vec_env_models_search_starts_on_env_workers_and_fills_the_same_buffer(one_thread):  # noqa: F811
+    """Built on a SubprocVecEnv, the model's search starts from what that VecEnv runs (an env
+    worker per env, the actor stepping one), set up at wrap, warm-up included; the replay
+    buffer is the one the same model built on a DummyVecEnv fills on the serial layout."""
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    workers = Config(num_actors=1, envs_per_actor=N, env_parallel_degree=N)
+    model = make("dqn", 40, 4, vec_env_cls=SubprocVecEnv)
+    try:
+        wrap_sb3(model, tuner_options={"cache": False, "min_sample_seconds": 0})
+        tuner, executor = model.auturi.tuner, model.auturi.executor
+        start = executor.config
+        seen = _learn_watching(model, 400, lambda: executor.config)  # unwraps at the end
+        got = buffer_of(model)
+    finally:
+        if hasattr(model, "auturi"):
+            unwrap_sb3(model)
+        model.env.close()
+    assert start == workers == tuner.start_config
+    assert seen[0] == (False, workers)  # the first warm-up collect ran there
+    assert tuner.history[0].config == workers  # the search's start: measured first
+    plain = make("dqn", 40, 4)
+    wrap_sb3(plain, tune=False)
+    try:
+        plain.learn(400)
+        assert plain.auturi.executor.config == Config.serial(N)
+        want = buffer_of(plain)
+    finally:
+        unwrap_sb3(plain)
+    assert len(got["rewards"]) == 400 // N
+    for k in KEYS:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)

@@ -372,7 +372,7 @@ class ShmExecutor(Executor):
         workers from the one for their factories' modules (:class:`EnvProcess`)."""
         if runs_policy and self._torch_process is not None:
             return self._torch_process, self._preload
-        if self._env_modules:
+        if not runs_policy and self._ctx.get_start_method() == "forkserver":
             from auturi.executor.shm.forkservers import EnvProcess
 
             return EnvProcess, self._env_modules
