@@ -9,7 +9,11 @@ Variants, per workload, seed and length:
 - ``warm``: the same, with the cache the ``fresh`` run of that seed left behind;
 - ``fixed``: ``auturi.wrap(model, config=...)`` with the layout the offline tuner chose for
   the workload (measured once per workload, before the runs, on the wrapped model's own
-  executor; its time is not counted).
+  executor; its time is not counted);
+- ``subproc`` and ``fresh_subproc`` (asked for by name): plain SB3 on a ``SubprocVecEnv``, and
+  ``auturi.wrap`` of that model with an empty cache (the SubprocVecEnv user adding the line;
+  its search starts from an env worker per env); the second is compared with the first. The
+  VecEnv's workers start while the model is built, outside the timing; ``wrap``'s own are timed.
 
 Lengths are in seconds of plain SB3 (``--lengths 30 120``): a first short plain run per
 workload measures SB3's rate and sets the timesteps of each length.
@@ -72,13 +76,14 @@ WORKLOADS = {
 }
 
 
-def _model(w: E2EWorkload, seed: int):
+def _model(w: E2EWorkload, seed: int, subproc: bool = False):
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     torch.set_num_threads(1)  # what a careful SB3 user on a small machine sets; same for every variant
-    venv = make_vec_env(w.env, n_envs=w.n_envs, seed=seed)
+    venv = make_vec_env(w.env, n_envs=w.n_envs, seed=seed, vec_env_cls=SubprocVecEnv if subproc else DummyVecEnv)
     return PPO("MlpPolicy", venv, n_steps=w.n_steps, batch_size=256, n_epochs=4, seed=seed, device="cpu",
                verbose=0, policy_kwargs=w.policy_kwargs)
 
@@ -112,10 +117,10 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
 
     w = WORKLOADS[workload]
     load = _loadavg()
-    model = _model(w, seed)
+    model = _model(w, seed, subproc=variant.endswith("subproc"))
     # Timed: wrap (it starts a fixed config's processes) and learn, what a user's script waits for.
     t0 = time.perf_counter()
-    if variant in ("fresh", "warm"):
+    if variant in ("fresh", "warm", "fresh_subproc"):
         model = auturi.wrap(model, env_fn=_env_fn(w))
     elif variant == "fixed":
         model = auturi.wrap(model, config=auturi.Config.from_json(config_json), env_fn=_env_fn(w))
@@ -127,7 +132,7 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
                            "seconds": seconds, "wrap_seconds": wrap_seconds, "episodes": len(cb.returns),
                            "final_return": statistics.fmean(cb.returns[-20:]) if cb.returns else None,
                            "loadavg_before": load}
-    if variant != "sb3":
+    if variant not in ("sb3", "subproc"):
         h = model.auturi
         out["layout"] = str(h.executor.config)
         tuner = getattr(h, "tuner", None)
@@ -149,6 +154,7 @@ def one_run(workload: str, variant: str, seed: int, timesteps: int, config_json:
             except Exception as exc:  # no trial finished: say so in the record
                 out["tuner"]["result"] = str(exc)
         h.close()
+    model.env.close()
     return out
 
 
@@ -189,6 +195,9 @@ def _child(args: list[str], cache_dir: str | None, timeout: float) -> dict:
 
 
 # ---------------------------------------------------------------------------- driver
+VARIANTS = ("sb3", "fresh", "warm", "fixed", "subproc", "fresh_subproc")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -198,7 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tune-budget", type=float, default=20.0, help="offline tuner budget for the fixed choice")
     ap.add_argument("--quick", action="store_true", help="1 seed, one 15 s length, no warm runs")
     ap.add_argument("--variants", default=None,
-                    help="comma-separated subset of sb3,fresh,warm,fixed (default: all; --quick: no warm)")
+                    help="comma-separated subset of sb3,fresh,warm,fixed,subproc,fresh_subproc (default: the "
+                         "first four; --quick: no warm)")
     ap.add_argument("--out", default="bench/results/online_e2e.json")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -216,10 +226,11 @@ def main(argv: list[str] | None = None) -> dict:
     variants = ["sb3", "fresh"] + ([] if args.quick else ["warm"]) + ["fixed"]
     if args.variants:
         asked = [v for v in args.variants.split(",") if v]
-        bad = sorted(set(asked) - {"sb3", "fresh", "warm", "fixed"})
-        if bad or ("warm" in asked and "fresh" not in asked):
-            ap.error(f"--variants: unknown {bad}" if bad else "--variants: warm needs fresh (its cache)")
-        variants = [v for v in ["sb3", "fresh", "warm", "fixed"] if v in asked]
+        bad = sorted(set(asked) - set(VARIANTS))
+        if bad or ("warm" in asked and "fresh" not in asked) or "sb3" not in asked:
+            ap.error(f"--variants: unknown {bad}" if bad else "--variants: warm needs fresh (its cache), and sb3 is "
+                     "the reference")
+        variants = [v for v in VARIANTS if v in asked]
     import stable_baselines3  # noqa: F401  (for the versions in the header)
     import torch  # noqa: F401
 
@@ -302,6 +313,8 @@ def summarize(runs: list[dict]) -> dict:
                             "paired_vs_sb3": paired_ratio(by, variant)}
         if "warm" in row and "fixed" in row:
             row["warm"]["paired_vs_fixed"] = paired_ratio(by, "warm", against="fixed")
+        if "fresh_subproc" in row and "subproc" in row:
+            row["fresh_subproc"]["paired_vs_subproc"] = paired_ratio(by, "fresh_subproc", against="subproc")
         if "fixed" in row and "fresh" in row:
             gain = row["fixed"]["speedup_vs_sb3"] - 1.0
             row["captured_gain"] = (row["fresh"]["speedup_vs_sb3"] - 1.0) / gain if gain > 0.05 else None
@@ -332,6 +345,12 @@ def table(out: dict) -> str:
         eps = f"{row['sb3']['episodes']:.0f}/{row['fresh']['episodes']:.0f}" if "fresh" in row else "-"
         lines.append(f"| {key} | " + " | ".join(s(v) for v in variants) +
                      f" | {x('fresh')} | {x('warm')} | {x('fixed')} | {wf} | {cap} | {eps} |")
+    for key, row in out["summary"].items():  # the SubprocVecEnv user's line, where asked for
+        p = row.get("fresh_subproc", {}).get("paired_vs_subproc")
+        if p:
+            lines.append(f"\n{key}: SubprocVecEnv {row['subproc']['median_seconds']:.1f} s, its wrap "
+                         f"{row['fresh_subproc']['median_seconds']:.1f} s: {p['geomean']:.2f}x "
+                         f"({p['min']:.2f}-{p['max']:.2f})")
     return "\n".join(lines)
 
 

@@ -105,22 +105,24 @@ def test_env_workers_fork_from_auturis_server_when_another_library_started_the_s
             other.start()
             other.join()
             standard = forkserver._forkserver._forkserver_pid
+            assert "torch" not in sys.modules  # a torch-free policy's actors fork from the env server too
             env_fn = functools.partial(CountingEnv)
-            ex = make_executor(env_fn, RandomPolicy(env_fn().action_space), num_envs=4,
-                               config=Config(envs_per_actor=4, env_parallel_degree=4), backend="shm")
-            ex.collect(2)
             from auturi.executor.shm.forkservers import ENV_PRELOAD, _servers
-            ours = _servers[tuple(ENV_PRELOAD)]._forkserver_pid
-            for slot in ex._slots:
-                with open(f"/proc/{slot.proc.pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                where = "ours" if ppid == ours else ("standard" if ppid == standard else str(ppid))
-                with open(os.path.join(sys.argv[1], str(slot.proc.pid)), "w") as f:
-                    f.write(where)
-            ex.close()
+            # env workers, then actors (they run the policy in process)
+            for config in (Config(envs_per_actor=4, env_parallel_degree=4), Config(num_actors=2, envs_per_actor=2)):
+                ex = make_executor(env_fn, RandomPolicy(env_fn().action_space), num_envs=4, config=config,
+                                   backend="shm")
+                ex.collect(2)
+                ours = _servers[tuple(ENV_PRELOAD)]._forkserver_pid
+                for slot in ex._slots:
+                    with open(f"/proc/{slot.proc.pid}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    where = "ours" if ppid == ours else ("standard" if ppid == standard else str(ppid))
+                    with open(os.path.join(sys.argv[1], str(slot.proc.pid)), "w") as f:
+                        f.write(f"{slot.kind} {where}")
+                ex.close()
             with open(os.path.join(sys.argv[1], str(os.getpid())), "w") as f:
                 f.write("main")
             print(os.getpid(), flush=True)
     """)
-    assert main == "main" and len(workers) == 3
-    assert set(workers.values()) == {"ours"}, workers
+    assert main == "main" and sorted(workers.values()) == ["actor ours"] * 2 + ["env ours"] * 3, workers

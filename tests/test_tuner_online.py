@@ -889,3 +889,17 @@ def test_on_a_short_run_no_family_gamble_is_taken():
     online = run_with_horizon(60)
     assert online.phase == "locked" and not any(_in_process_actors(t.config) for t in online.history)
     assert online.declined and online.declined[-1]["cost_seconds"] >= online.declined[-1]["benefit_seconds"]
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_the_env_server_starts_ahead_for_an_odd_number_of_envs(n):
+    """Degree 2 does not divide 3 or 5 envs: the layout warmed for must be one every count has
+    (it raised ConfigError out of the training's collect)."""
+    ex = TwoServerFake(warm={"env": 2, "torch": 6})
+    ex.num_envs = n
+    ex._config = Config.serial(n)
+    online = OnlineTuner(ex, "grid", cache=False, clock=ex.clock, search_share=None, min_sample_seconds=0,
+                         warm_ahead_seconds=0.0)  # 0: at the first collect not measured
+    online.begin(4)
+    online.collect(4, measure=False)
+    assert set(ex.left) == {"env"}

@@ -209,6 +209,7 @@ class OnlineTuner(_Session):
             raise ValueError(f"warm_ahead_seconds must be >= 0 or None, got {warm_ahead_seconds}")
         self.warm_ahead_seconds = warm_ahead_seconds
         self._unmeasured_seconds = 0.0  # wall seconds of the collects not to measure so far
+        self._ahead_tried = False  # _warm_ahead ran (once per tuner)
         self._last_seconds = 0.0  # the last measured collect's wall seconds
         self._warmed = False  # warm_start called (before the first reconfigure that starts processes)
         self._deferred: tuple[Config, str] | None = None  # the trial waiting for warm_start's servers
@@ -317,9 +318,10 @@ class OnlineTuner(_Session):
         tot[2] += num_steps * self.executor.num_envs
         self.collects += 1
         self.unmeasured_collects += 1
-        before, self._unmeasured_seconds = self._unmeasured_seconds, self._unmeasured_seconds + seconds
+        self._unmeasured_seconds += seconds
         ahead = self.warm_ahead_seconds
-        if ahead is not None and before < ahead <= self._unmeasured_seconds:
+        if ahead is not None and not self._ahead_tried and self._unmeasured_seconds >= ahead:
+            self._ahead_tried = True
             self._warm_ahead()
         return rollout
 
@@ -331,11 +333,14 @@ class OnlineTuner(_Session):
         if (not callable(warm) or n < 2 or self.locked is not None or self.history
                 or self.phase not in ("idle", "explore")):
             return
-        env_workers = Config(num_actors=1, envs_per_actor=n, env_parallel_degree=2)
-        if not self._needs_warm(env_workers):
+        env_workers = Config(num_actors=1, envs_per_actor=n, env_parallel_degree=n)  # valid for every n >= 2
+        try:
+            if not self._needs_warm(env_workers):
+                return
+            warm(env_workers)
+        except Exception:  # an optimisation only: the trial that needs the server starts it (and says why not)
             return
         self._warmed = True
-        warm(env_workers)
         self._emit("phase", None, None, "starting the env workers' server during collects not measured")
 
     def begin(self, num_steps: int) -> None:

@@ -368,11 +368,13 @@ class ShmExecutor(Executor):
 
     def _process_class(self, runs_policy: bool) -> tuple[type, tuple[str, ...] | None]:
         """The process class a worker starts as, and the modules its server preloads (None:
-        the standard forkserver's, or spawn): policy processes from the torch server, env
-        workers from the one for their factories' modules (:class:`EnvProcess`)."""
+        spawn): policy processes from the torch server, every other one (env workers, and
+        actors and replicas of a policy without torch) from the env server for the
+        factories' modules (:class:`EnvProcess`, never the standard forkserver, whose preload
+        another library may have fixed first)."""
         if runs_policy and self._torch_process is not None:
             return self._torch_process, self._preload
-        if not runs_policy and self._ctx.get_start_method() == "forkserver":
+        if self._ctx.get_start_method() == "forkserver":
             from auturi.executor.shm.forkservers import EnvProcess
 
             return EnvProcess, self._env_modules

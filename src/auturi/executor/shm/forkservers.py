@@ -1,7 +1,8 @@
-"""A second forkserver, with torch preloaded, for the processes that run a policy.
+"""Auturi's own forkservers: one with torch preloaded for the processes that run a policy,
+and one per set of env factory modules for the rest (:class:`EnvProcess`).
 
-Env workers must not import torch, so the standard forkserver preloads only numpy,
-gymnasium and our worker module. A policy replica started from it would import torch itself:
+Env workers must not import torch, so their server preloads only numpy, gymnasium, our worker
+module and what the env factories name. A policy replica started from it would import torch itself:
 1 to 4 s per replica per reconfigure on our 2-core machines, which dwarfed the tuner's
 measurements. This server imports torch once (never initialising CUDA or thread pools), and
 forks every policy process from it in milliseconds.

@@ -18,7 +18,6 @@ from typing import Any
 
 from auturi.executor.shm.channel import EXIT, process_state
 
-PRELOAD = ["auturi.executor.shm.preload"]
 JOIN_SECONDS = 2.0
 
 
@@ -27,10 +26,10 @@ def get_context(start_method: str | None = None) -> mp.context.BaseContext:
     if method not in ("forkserver", "spawn"):
         raise ValueError(f"start method {method!r} is not supported: use 'forkserver' or 'spawn' "
                          f"('fork' breaks CUDA and copies the caller's threads)")
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+    # Under forkserver every process starts from one of Auturi's own servers
+    # (forkservers.EnvProcess, TorchProcess); the standard forkserver's preload, which the
+    # first starter in the process fixes for everyone, is left to its owner.
+    return mp.get_context(method)
 
 
 _starting = threading.local()
