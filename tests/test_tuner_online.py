@@ -903,3 +903,16 @@ def test_the_env_server_starts_ahead_for_an_odd_number_of_envs(n):
     online.begin(4)
     online.collect(4, measure=False)
     assert set(ex.left) == {"env"}
+
+
+def test_the_serial_baseline_after_another_start_stops_once_clearly_slower():
+    """Started on the user's parallel layout (FAST), serial is measured second; clearly slower
+    after one sample, it stops there (it cannot be the choice), and the lock-in is the start."""
+    ex = FakeExecutor(N, speeds, noise=0.0, config=FAST)
+    online = grid_online(ex, budget_trials=2, min_sample_seconds=0)
+    while online.phase != "locked":
+        online.collect(16)
+    start, serial = online.history[:2]
+    assert (start.config, start.source) == (FAST, "start") and start.n >= 2
+    assert (serial.config, serial.source, serial.n, serial.stop_reason) == (Config.serial(N), "serial", 1, "slower")
+    assert online.locked_config == FAST
