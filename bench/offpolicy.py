@@ -112,6 +112,7 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
     t_build = time.perf_counter()
     model = make_model(algo, env_id, n_envs, seed, kind, tiny, hyper)
     cache_dir = tempfile.TemporaryDirectory(prefix="auturi-bench-cache-") if fresh_cache else None
+    wrapped = kind in ("wrap", "wrap_subproc", "fixed")
     if kind in ("wrap", "wrap_subproc"):
         auturi.wrap(model, **({"tuner_options": {"cache": cache_dir.name}} if cache_dir else {}))
     elif kind == "fixed":
@@ -122,9 +123,9 @@ def learn_once(algo: str, env_id: str, n_envs: int, steps: int, seed: int, kind:
         secs = time.perf_counter() - t0
         build = t0 - t_build
         eps = list(model.ep_info_buffer)[-20:]
-        layout = str(model.auturi.config) if kind in ("wrap", "wrap_subproc", "fixed") else kind
+        layout = str(model.auturi.config) if wrapped else kind
     finally:
-        if kind in ("wrap", "wrap_subproc", "fixed"):
+        if wrapped:
             auturi.unwrap(model)
         model.env.close()
         if cache_dir is not None:
@@ -439,7 +440,7 @@ def interleaved(algos: list[str], env_id: str, n_envs: int, chunk: int, rounds: 
         models, acc = {}, {}
         for kind in kinds:
             m = make_model(algo, env, n_envs, 0, "dummy", tiny)
-            if kind in ("wrap", "wrap_subproc"):
+            if kind == "wrap":
                 auturi.wrap(m)
             acc[kind] = a = {"collect": 0.0, "train": 0.0}
             for name in ("collect_rollouts", "train"):

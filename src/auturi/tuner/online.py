@@ -1,8 +1,9 @@
 """Online tuning (:class:`OnlineTuner`): inside training, every collect is the real collect
 the learner gets back and one sample for the trial of the config it ran under.
 
-Over 400 lines on purpose: one state machine (confirm, explore, paused, locked, research)
-whose phases hand over to each other; split, each half would need the other's state. The
+Over 500 lines on purpose (about 900, much of it docstrings): one state machine (confirm,
+explore, paused, locked, research) whose phases hand over to each other; split, each half
+would need the other's state. The
 payback rule (``_payback``, ``discount``, ``_reconfigure_estimate``) reads only the trials and
 the reconfigure log: it is the part to move to its own module when it grows again.
 
@@ -276,11 +277,7 @@ class OnlineTuner(_Session):
         self._last_seconds = seconds
         steps = num_steps * self.executor.num_envs
         sps = throughput_of(rollout, seconds, steps)
-        self.collects += 1
-        tot = self._log.setdefault(config, [0, 0.0, 0])
-        tot[0] += 1
-        tot[1] += seconds
-        tot[2] += steps
+        self._log_collect(config, seconds, steps)
         if getattr(self.executor, "warming", False):
             # The worker forkservers are still importing on these cores: this collect's data
             # is the learner's as always, its time is not the layout's (it read 40% slow).
@@ -312,11 +309,7 @@ class OnlineTuner(_Session):
         c0 = self.clock()
         rollout = self.executor.collect(num_steps)
         seconds = self.clock() - c0
-        tot = self._log.setdefault(config, [0, 0.0, 0])
-        tot[0] += 1
-        tot[1] += seconds
-        tot[2] += num_steps * self.executor.num_envs
-        self.collects += 1
+        self._log_collect(config, seconds, num_steps * self.executor.num_envs)
         self.unmeasured_collects += 1
         self._unmeasured_seconds += seconds
         ahead = self.warm_ahead_seconds
@@ -324,6 +317,14 @@ class OnlineTuner(_Session):
             self._ahead_tried = True
             self._warm_ahead()
         return rollout
+
+    def _log_collect(self, config: Config, seconds: float, steps: int) -> None:
+        """Count one collect, measured or not, under ``config`` (``first_run_cost`` reads these)."""
+        self.collects += 1
+        tot = self._log.setdefault(config, [0, 0.0, 0])
+        tot[0] += 1
+        tot[1] += seconds
+        tot[2] += steps
 
     def _warm_ahead(self) -> None:
         """Start the env workers' forkserver during collects nobody times (see
