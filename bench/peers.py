@@ -153,6 +153,7 @@ class LimitProbe:
         import auturi
 
         self.stats: list[Any] = []
+        self.num_envs = num_envs
         self.ex = auturi.make_executor(env, policy, num_envs, config=auturi.Config.serial(num_envs),
                                        backend="serial", seed=seed)
         if warmup_steps:
@@ -169,7 +170,7 @@ class LimitProbe:
         from auturi.resources import usable_cores
         from auturi.tuner.api import machine_limit
 
-        return machine_limit(self.stats, cores or usable_cores(), profile)
+        return machine_limit(self.stats, cores or usable_cores(), profile, num_envs=self.num_envs)
 
     def close(self) -> None:
         self.ex.close()

@@ -44,9 +44,13 @@ PEER_TEXT = {
                              "`InferenceServer` thread batching up to `N` observations",
 }
 LIMIT_TEXT = ("Limit: this machine's ceiling for the workload as `auturi tune` estimates it "
-              "(`auturi.tuner.api.machine_limit`): cores x the single-env step rate of the serial config (envs and "
-              "policy in the caller, no IPC), capped by the best batched inference throughput (the tuner's profile "
-              "and the serial config's batch of all envs); the serial config ran in the same interleaved rounds.")
+              "(`auturi.tuner.api.machine_limit`), from the serial config (envs and policy in the caller, no IPC, "
+              "measured in the same interleaved rounds) and the tuner's profile: the least of the cores shared by "
+              "env stepping and inference (cores / (the env's CPU per step + inference's cheapest CPU per row); "
+              "an env's waiting costs no CPU), every env stepping at once (envs / the env's step time), and the "
+              "best batched inference throughput. Until session 12 the limit was cores x the env's step rate, "
+              "capped by inference: it ignored that inference takes the same cores, and counted a waiting env "
+              "as computing.")
 
 
 def _rate(x: float) -> str:
@@ -112,10 +116,16 @@ def limit_lines(row: dict) -> list[str]:
     lim = row.get("limit") or {}
     if "limit_share" not in row:
         return []
-    per_core = _rate(lim["env_steps_per_second"] / lim["cores"])
-    by = f"env-bound: {lim['cores']} cores x {per_core} steps/s" if lim.get("bound") == "env" else "inference-bound"
-    return [f"Limit: {_rate(lim['steps_per_second'])} steps/s ({by}); Auturi tuned reaches "
-            f"**{100 * row['limit_share']:.0f}%** of it."]
+    top = lim["steps_per_second"]
+    if top == lim.get("inference_steps_per_second"):
+        by = "inference-bound"
+    elif top == lim.get("concurrent_steps_per_second"):
+        by = "env-bound: every env stepping at once"
+    elif "cpu_steps_per_second" in lim:
+        by = f"{lim['bound']}-bound: envs and inference sharing {lim['cores']} cores"
+    else:  # a record from before the shared-cores limit
+        by = f"env-bound: {lim['cores']} cores x {_rate(lim['env_steps_per_second'] / lim['cores'])} steps/s"
+    return [f"Limit: {_rate(top)} steps/s ({by}); Auturi tuned reaches **{100 * row['limit_share']:.0f}%** of it."]
 
 
 def limit_table(rows: list[dict]) -> list[str]:
@@ -124,13 +134,17 @@ def limit_table(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["**How close to the limit**: " + LIMIT_TEXT, "",
-             "| workload | limit steps/s | bound | env limit | inference limit | Auturi tuned | share of limit |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+             "| workload | limit steps/s | bound | shared cores | envs alone | inference | Auturi tuned | share of limit |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+
+    def cell(x: float | None) -> str:
+        return _rate(x) if x else "-"
+
     for r in rows:
         lim = r["limit"]
-        inf = lim.get("inference_steps_per_second")
         lines.append(f"| {r['workload']} | {_rate(lim['steps_per_second'])} | {lim['bound']} | "
-                     f"{_rate(lim['env_steps_per_second'])} | {_rate(inf) if inf else '-'} | "
+                     f"{cell(lim.get('cpu_steps_per_second'))} | {cell(lim.get('env_steps_per_second'))} | "
+                     f"{cell(lim.get('inference_steps_per_second'))} | "
                      f"{_rate(r['peers']['auturi_tuned']['median'])} | {100 * r['limit_share']:.0f}% |")
     return lines + [""]
 

@@ -128,8 +128,10 @@ def tune_choice(workload: Any, s: Sizing) -> dict:
     profile = (result.strategy or {}).get("profile")
     return {"choice": result.choice.to_dict(), "label": str(result.choice), "seconds": secs,
             "trials": len(result.trials), "tuned_throughput": result.throughput, "reason": result.reason,
-            # the profile's inference timings by batch size: the limit's inference cap, as the CLI's
-            "inference_profile": ({"policy_seconds": profile.get("policy_seconds")}
+            # what the limit reads from the profile, as the CLI's: inference's wall and CPU time
+            # by batch size, and the share of an env step that computes rather than waits
+            "inference_profile": ({k: profile.get(k) for k in ("policy_seconds", "policy_cpu_seconds",
+                                                               "env_cpu_fraction")}
                                   if isinstance(profile, dict) else None)}
 
 

@@ -112,8 +112,12 @@ def test_limit_table_and_target_rows():
                           "bound": bound}}
 
     rows = [row("a", 0.5, "env"), row("b", 0.9, "env"), row("c", 0.3, "inference")]
+    rows[1]["limit"]["cpu_steps_per_second"] = 1000.0  # a record with the shared-cores term
     table = "\n".join(limit_table(rows))
-    assert "| a | 1,000 | env | 1,000 | 4,000 | 500 | 50% |" in table
+    assert "| a | 1,000 | env | - | 1,000 | 4,000 | 500 | 50% |" in table
+    assert "| b | 1,000 | env | 1,000 | 1,000 | 4,000 | 900 | 90% |" in table
+    assert limit_lines(rows[1]) == ["Limit: 1,000 steps/s (env-bound: envs and inference sharing 2 cores); Auturi "
+                                    "tuned reaches **90%** of it."]
     assert "| c | 1,000 | inference |" in table
     assert limit_lines(rows[0]) == ["Limit: 1,000 steps/s (env-bound: 2 cores x 500 steps/s); Auturi tuned reaches "
                                     "**50%** of it."]

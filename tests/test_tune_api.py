@@ -73,6 +73,29 @@ def test_machine_limit_is_capped_by_the_best_batched_inference():
     assert lim["steps_per_second"] == 4_000.0 and lim["bound"] == "inference"
 
 
+def test_machine_limit_shares_the_cores_between_envs_and_inference():
+    """Without a GPU, inference runs on the cores the envs step on: 100 us of env and 50 us
+    of inference CPU per step (the cheapest row of the profile's CPU table) on 2 cores is
+    2 / 150 us, not 2 / 100 us."""
+    serial = [CollectStats(steps=100, seconds=0.02, env_seconds=0.01, policy_seconds=0.008)]
+    prof = {"policy_seconds": {"cpu": {"1": 80e-6, "8": 100e-6}}, "policy_cpu_seconds": {"cpu": {"1": 90e-6, "8": 400e-6}}}
+    lim = machine_limit(serial, cores=2, profile=prof, num_envs=8)
+    assert lim["env_steps_per_second"] == 20_000.0  # the envs alone
+    assert lim["cpu_steps_per_second"] == pytest.approx(2 / 150e-6, rel=1e-4)
+    assert lim["steps_per_second"] == lim["cpu_steps_per_second"] and lim["bound"] == "env"
+
+
+def test_machine_limit_of_an_env_that_waits_is_every_env_at_once():
+    """A 1 ms env that computes 5% of it: the cores are not its ceiling (40,000 steps/s of
+    its CPU on 2 cores), 16 envs stepping at once are (16,000 steps/s); counted as computing
+    it would have been 2,000 steps/s, a ceiling the tuner's choice passes 5-fold."""
+    serial = [CollectStats(steps=1000, seconds=1.05, env_seconds=1.0, policy_seconds=0.01)]
+    lim = machine_limit(serial, cores=2, profile={"env_cpu_fraction": 0.05}, num_envs=16)
+    assert lim["concurrent_steps_per_second"] == 16_000.0 and lim["steps_per_second"] == 16_000.0
+    assert lim["bound"] == "env" and lim["cpu_steps_per_second"] > 16_000.0
+    assert machine_limit(serial, cores=2, num_envs=16)["steps_per_second"] < 2_000.0  # without the profile's share
+
+
 def test_progress_says_trial_n_of_at_most_m_and_time_left():
     from auturi.cli.render import progress_fields
 

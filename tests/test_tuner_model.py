@@ -13,6 +13,7 @@ from auturi.rollout import CollectStats
 from auturi.tuner.profile import Profile, collect_overhead, fit_overheads, predict, profile_executor
 from auturi.tuner.rollout_profile import profile_from_stats
 from auturi.tuner.space import build_space
+from tests.helpers import FakeExecutor
 from auturi.tuner.strategies import ModelStrategy
 
 POLICY = {"cpu": {b: 50e-6 + 3e-6 * b for b in (1, 2, 4, 8)}}
@@ -44,7 +45,7 @@ def test_one_step_collects_favour_the_in_process_layout_and_long_ones_keep_their
     assert _in_process(_model_best(space, one)), _model_best(space, one)
     assert predict(Config.serial(8), one) > 1.2 * max(predict(c, one) for c in space.configs if c.num_actors > 1)
     assert _model_best(space, long) == _model_best(space, per_step)
-    assert _ranked(space, long)[:3] == _ranked(space, per_step)[:3]
+    assert _ranked(space, long)[:2] == _ranked(space, per_step)[:2]  # 3rd and 4th are within 1% per step
     # Every pair of configs more than 2% apart per step keeps its order (a few closer pairs
     # swap: four actors pay four wake-ups per collect).
     a, b = [predict(c, per_step) for c in space.configs], [predict(c, long) for c in space.configs]
@@ -112,3 +113,25 @@ def test_profiles_know_the_collect_length():
         ex.collect(3)
         assert profile_executor(ex, **fast).num_steps == 3
         assert profile_executor(ex, num_steps=1, **fast).num_steps == 1
+
+
+def _waiting_truth(c: Config) -> float:
+    """A 1 ms env that waits (16 envs, 2 cores): the more env processes the faster."""
+    return 800.0 * min(16, c.num_actors * c.env_parallel_degree) ** 0.9
+
+
+@pytest.mark.parametrize("cpu_fraction, widened", [(0.04, True), (1.0, False)])
+def test_the_search_widens_to_a_process_per_env_when_the_env_waits(cpu_fraction, widened):
+    """The tuner builds its space before it knows the env; once the profile says the env
+    mostly waits, the process cap counts env processes by their CPU share, so the model can
+    propose (and here choose) an env process per env. A computing env keeps the plain space."""
+    prof = Profile(env_step_seconds=1e-3, env_cpu_fraction=cpu_fraction, policy_seconds=POLICY, cores=2)
+    ex = FakeExecutor(16, _waiting_truth)
+    tuner = auturi.Tuner("model", budget_trials=8, cores=2, devices=["cpu"], cache=False, clock=ex.clock,
+                         strategy_kwargs={"profile": prof}, workload={"name": "waits"})
+    result = tuner.tune(ex, 16)
+    one_per_env = Config(num_actors=1, envs_per_actor=16, env_parallel_degree=16)
+    assert (one_per_env in tuner.space) is widened
+    assert (len(tuner.space) > len(build_space(16, cores=2, devices=["cpu"]))) is widened
+    if widened:
+        assert result.choice.num_actors * result.choice.env_parallel_degree == 16, result.choice

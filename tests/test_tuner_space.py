@@ -140,3 +140,19 @@ def test_space_on_a_ray_cluster_bounds_actors_by_node_cpus():
     assert "cuda" in gpu.devices
     assert Config(num_actors=1, envs_per_actor=4, policy_device="cuda") in gpu
     assert "do not fit" in gpu.reason_pruned(Config(num_actors=2, envs_per_actor=2, policy_device="cuda"))
+
+
+def test_an_env_that_waits_gets_a_process_per_env_on_a_small_machine():
+    """A remote simulator's processes hold no core while they wait: with the profile's CPU
+    share the cap counts env-stepping processes by it (at least a quarter), so 16 envs on 2
+    cores may run 16 env processes; replicas still count whole, and a computing env keeps
+    the plain cap."""
+    one_per_env = [Config(num_actors=1, envs_per_actor=16, env_parallel_degree=16), Config(num_actors=16, envs_per_actor=1)]
+    plain, waits = build_space(16, cores=2, devices=["cpu"]), build_space(16, cores=2, devices=["cpu"], env_cpu_fraction=0.04)
+    assert not any(c in plain for c in one_per_env) and all(c in waits for c in one_per_env)
+    assert plain.reason_pruned(one_per_env[0]) == "more processes (15) than 4x cores (2)"
+    assert set(plain.configs) < set(waits.configs) and waits.env_cpu_fraction == pytest.approx(0.04)
+    replicas = Config(num_actors=1, envs_per_actor=16, env_parallel_degree=8, policies_per_actor=8, policy_batch_size=2)
+    assert replicas not in waits  # 7 env workers at a quarter + 8 replicas whole: 9.75 > 8
+    assert "counting env processes by their CPU share" in waits.reason_pruned(replicas)
+    assert build_space(16, cores=2, devices=["cpu"], env_cpu_fraction=1.0).configs == plain.configs

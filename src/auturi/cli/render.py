@@ -122,17 +122,22 @@ def print_result(console: Console, result: Any, saved: Path | None = None) -> No
 
 def limit_line(result: Any) -> str | None:
     """"the choice reaches 78% of what 2 cores can step (...)", from a
-    :class:`~auturi.tuner.api.TuneReport`'s limit; None when it is unknown."""
+    :class:`~auturi.tuner.api.TuneReport`'s limit (:func:`~auturi.tuner.api.machine_limit`);
+    None when it is unknown."""
     limit = getattr(result, "limit", None) or {}
     share = result.limit_share() if hasattr(result, "limit_share") else None
     if share is None:
         return None
-    cores = limit.get("cores")
-    by = (f"{cores} cores x the single-env step rate: {fmt(limit.get('env_steps_per_second'))} steps/s"
-          if limit.get("bound") == "env" else
-          f"the best batched inference: {fmt(limit.get('inference_steps_per_second'))} steps/s")
-    what = f"what {cores} cores can step" if limit.get("bound") == "env" else "what inference allows"
-    return f"the choice reaches {share:.0%} of {what} (limit {fmt(limit.get('steps_per_second'))} steps/s: {by})"
+    cores, top = limit.get("cores"), limit.get("steps_per_second")
+    if top == limit.get("inference_steps_per_second"):
+        what, by = "what inference allows", f"the best batched inference: {fmt(top)} steps/s"
+    elif top == limit.get("concurrent_steps_per_second"):
+        what, by = "what the envs allow", f"every env stepping at once in its own process: {fmt(top)} steps/s"
+    else:
+        what = f"what {cores} cores can step"
+        by = (f"env stepping and inference sharing {cores} cores; the envs alone: "
+              f"{fmt(limit.get('env_steps_per_second'))} steps/s")
+    return f"the choice reaches {share:.0%} of {what} (limit {fmt(top)} steps/s: {by})"
 
 
 def splits_table(result: Any) -> Table | None:

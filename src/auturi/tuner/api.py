@@ -154,33 +154,75 @@ def time_split(stats: list[Any], num_actors: int) -> dict[str, float]:
     return {k: round(v / total, 4) for k, v in zip(SPLIT_PARTS, (env, inference, waiting, ipc))}
 
 
-def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """This machine's estimated ceiling for the workload, in steps/s: ``cores`` times the
-    single-env step rate (from the serial config's collects, where envs step in the caller
-    with no IPC), capped by the best batched inference throughput (the model strategy's
-    profile when there is one, else the serial config's batch of all envs).
+def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] | None = None,
+                  num_envs: int | None = None) -> dict[str, Any]:
+    """This machine's estimated ceiling for the workload, in steps/s, from the serial
+    config's collects (envs and policy in the caller, no IPC) and the model strategy's
+    profile when there is one. The least of:
+
+    - ``cpu_steps_per_second``: the cores shared by env stepping and inference, as on a
+      machine without a GPU: ``cores / (env CPU + inference CPU per step)``. The env's CPU
+      is its step time times the profile's ``env_cpu_fraction`` (a remote simulator that
+      waits uses little); inference's is the cheapest per-row CPU time of any batch size
+      profiled, else the serial collects' inference time per step;
+    - ``concurrent_steps_per_second`` (with ``num_envs``): every env stepping back to back
+      in a process of its own, the ceiling of an env that waits rather than computes;
+    - ``inference_steps_per_second``: the best batched inference throughput (the profile's
+      latencies by batch size, else the serial collects' batch of all envs).
+
+    ``env_steps_per_second`` is what the envs alone allow (the least of the first two
+    without inference's CPU); ``bound`` is ``"env"`` where env stepping is the larger cost,
+    else ``"inference"``.
 
     >>> from auturi import CollectStats
-    >>> machine_limit([CollectStats(steps=100, seconds=0.1, env_seconds=0.05, policy_seconds=0.02)], cores=2)
-    {'steps_per_second': 4000.0, 'env_steps_per_second': 4000.0, 'inference_steps_per_second': 5000.0, 'cores': 2, 'bound': 'env'}
+    >>> s = [CollectStats(steps=100, seconds=0.1, env_seconds=0.05, policy_seconds=0.02)]
+    >>> lim = machine_limit(s, cores=2)   # 500 us env + 200 us inference per step on 2 cores
+    >>> lim["steps_per_second"], lim["env_steps_per_second"], lim["bound"]
+    (2857.1, 4000.0, 'env')
+    >>> waits = {"env_cpu_fraction": 0.05}   # the env's 500 us are mostly waiting
+    >>> machine_limit(s, cores=2, profile=waits, num_envs=4)["steps_per_second"]   # 4 envs at once
+    5000.0
     """
+    prof = profile or {}
     steps = sum(s.steps for s in serial_stats)
     env_s = sum(s.env_seconds for s in serial_stats)
     pol_s = sum(s.policy_seconds for s in serial_stats)
-    env_rate = cores * steps / env_s if env_s > 0 else math.inf
-    inference = steps / pol_s if pol_s > 0 else math.inf
-    for table in ((profile or {}).get("policy_seconds") or {}).values():
+    if steps <= 0:
+        return {"steps_per_second": None, "env_steps_per_second": None, "inference_steps_per_second": None,
+                "cpu_steps_per_second": None, "concurrent_steps_per_second": None, "cores": cores, "bound": "env"}
+    t_env, t_pol = env_s / steps, pol_s / steps
+    frac = prof.get("env_cpu_fraction")
+    frac = min(1.0, max(0.0, float(frac))) if isinstance(frac, (int, float)) else 1.0
+    inference = 1.0 / t_pol if t_pol > 0 else math.inf
+    cpu_pol = t_pol
+    for dev, table in (prof.get("policy_seconds") or {}).items():
         rates = [int(b) / float(t) for b, t in table.items() if float(t) > 0]
         if rates:
             inference = max(rates) if not math.isfinite(inference) else max(inference, max(rates))
-    limit = min(env_rate, inference)
+        if dev == "cpu":
+            cpu_table = (prof.get("policy_cpu_seconds") or {}).get(dev) or table
+            per_row = [float(t) / int(b) for b, t in cpu_table.items() if float(t) > 0]
+            cpu_pol = min(per_row) if per_row else cpu_pol
+    env_cpu = t_env * frac
+    env_alone = cores / env_cpu if env_cpu > 0 else math.inf
+    concurrent = num_envs / t_env if num_envs and t_env > 0 else math.inf
+    cpu = cores / (env_cpu + cpu_pol) if env_cpu + cpu_pol > 0 else math.inf
+    limit = min(cpu, concurrent, inference)
 
     def num(x: float) -> float | None:
         return round(x, 1) if math.isfinite(x) else None
 
-    return {"steps_per_second": num(limit), "env_steps_per_second": num(env_rate),
-            "inference_steps_per_second": num(inference), "cores": cores,
-            "bound": "env" if env_rate <= inference else "inference"}
+    # Which cost binds: inference's throughput, envs that cannot step faster however many
+    # run at once, or the shared cores, split by whichever of the two uses more of them.
+    if limit == inference:
+        bound = "inference"
+    elif limit == concurrent:
+        bound = "env"
+    else:
+        bound = "env" if env_cpu >= cpu_pol else "inference"
+    return {"steps_per_second": num(limit), "env_steps_per_second": num(min(env_alone, concurrent)),
+            "inference_steps_per_second": num(inference), "cpu_steps_per_second": num(cpu),
+            "concurrent_steps_per_second": num(concurrent), "cores": cores, "bound": bound}
 
 
 @dataclass
@@ -241,7 +283,8 @@ def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
     serial = Config.serial(result.start.num_envs)
     cores = int((result.hardware or {}).get("cores") or os.cpu_count() or 1)
     profile = (result.strategy or {}).get("profile")
-    limit = machine_limit(recorder.stats.get(serial, []), cores, profile if isinstance(profile, dict) else None)
+    limit = machine_limit(recorder.stats.get(serial, []), cores, profile if isinstance(profile, dict) else None,
+                          num_envs=result.start.num_envs)
     return TuneReport(**{f: getattr(result, f) for f in result.__dataclass_fields__}, splits=splits, limit=limit)
 
 

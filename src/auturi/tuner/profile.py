@@ -373,7 +373,13 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> flo
     env_tasks = math.ceil(m / B)
     if D > 1:
         straggle = prof.env_step_std * math.sqrt(m) * math.sqrt(2 * math.log(D))
-        s_env = m * te + env_tasks * ipc + straggle
+        # Outside lockstep (several batches, or remote replicas) the actor steps its own share
+        # synchronously while env workers finish theirs; their envs wait for it to hand them
+        # on, so each lane's cycle holds the actor's share too (a 1 ms env, 16 envs, degree 8,
+        # batch 8: measured 2,900 steps/s, 6,600 predicted without this, 3,000 with it).
+        # Remote replicas keep acting on what they were handed meanwhile: half of it.
+        stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
+        s_env = m * te + stall + env_tasks * ipc + straggle
     else:
         s_env = E * te
     s_pol = (g / P) * (L + ipc) if P > 1 else g * L

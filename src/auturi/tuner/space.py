@@ -37,8 +37,11 @@ if TYPE_CHECKING:
     from auturi.executor.ray_backend import ClusterResources
 
 #: A config with more processes than this many times the usable cores is pruned: beyond it
-#: the processes only time-slice, and start-up alone costs seconds per trial.
+#: the processes only time-slice, and start-up alone costs seconds per trial. Env-stepping
+#: processes of an env that mostly waits (a remote simulator) count by their CPU share, down
+#: to ``MIN_ENV_CPU_SHARE``: they hold no core while they wait.
 MAX_PROCESSES_PER_CORE = 4
+MIN_ENV_CPU_SHARE = 0.25
 #: CUDA replicas per GPU beyond which a config is pruned: each holds its own CUDA context
 #: (hundreds of MB of GPU memory) and kernels from many processes only time-slice.
 MAX_CUDA_REPLICAS = 8
@@ -107,6 +110,8 @@ class SearchSpace:
     """Every config worth measuring."""
     pruned: list[Pruned] = field(default_factory=list)
     """``(config or knob dict, reason)`` for every point left out."""
+    env_cpu_fraction: float = 1.0
+    """The env's computing share the process cap assumed (:func:`weighted_processes`)."""
 
     def __post_init__(self) -> None:
         self._index = {c: i for i, c in enumerate(self.configs)}
@@ -202,14 +207,34 @@ def _shape_distance(a: Config, b: Config) -> float:
     return d + (4.0 if a.policy_device != b.policy_device else 0.0)
 
 
-def config_problem(config: Config, cores: int, cuda_count: int | None = None) -> str | None:
-    """Why ``config`` is not worth running on ``cores`` cores, or None."""
+def weighted_processes(config: Config, env_cpu_fraction: float = 1.0) -> float:
+    """``config.num_processes`` with the env-stepping ones (actor processes and env workers)
+    counted by the share of their time the env computes rather than waits, at least
+    ``MIN_ENV_CPU_SHARE``.
+
+    >>> c = Config(num_actors=1, envs_per_actor=16, env_parallel_degree=16)
+    >>> c.num_processes, weighted_processes(c), weighted_processes(c, env_cpu_fraction=0.05)
+    (15, 15.0, 3.75)
+    """
+    share = min(1.0, max(MIN_ENV_CPU_SHARE, float(env_cpu_fraction)))
+    actors = config.num_actors if config.num_actors > 1 else 0  # one actor runs in the caller
+    env_procs = actors + config.num_actors * (config.env_parallel_degree - 1)
+    return config.num_processes - env_procs * (1.0 - share)
+
+
+def config_problem(config: Config, cores: int, cuda_count: int | None = None,
+                   env_cpu_fraction: float = 1.0) -> str | None:
+    """Why ``config`` is not worth running on ``cores`` cores, or None. ``env_cpu_fraction``:
+    the share of an env step spent computing (the profile's); below 1, env-stepping processes
+    count by it (:func:`weighted_processes`)."""
     dev = _device_problem(config.policy_device, _cuda_device_count() if cuda_count is None else cuda_count)
     if dev:
         return dev
     procs = config.num_processes
-    if procs > MAX_PROCESSES_PER_CORE * cores:
-        return f"more processes ({procs}) than {MAX_PROCESSES_PER_CORE}x cores ({cores})"
+    weighted = weighted_processes(config, env_cpu_fraction)
+    if weighted > MAX_PROCESSES_PER_CORE * cores:
+        counted = f"; {weighted:g} counting env processes by their CPU share" if weighted < procs else ""
+        return f"more processes ({procs}{counted}) than {MAX_PROCESSES_PER_CORE}x cores ({cores})"
     if config.policies_per_actor * config.policy_batch_size > config.envs_per_actor:
         return (f"policies_per_actor*policy_batch_size ({config.policies_per_actor * config.policy_batch_size}) > "
                 f"envs_per_actor ({config.envs_per_actor}): a replica could never get a full batch")
@@ -228,7 +253,7 @@ def ray_cluster_resources() -> "ClusterResources":
 
 def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[str] | None = None,
                 num_envs_options: Iterable[int] | None = None,
-                cluster: "ClusterResources | None" = None) -> SearchSpace:
+                cluster: "ClusterResources | None" = None, env_cpu_fraction: float = 1.0) -> SearchSpace:
     """Every valid config for ``num_envs`` envs on this machine.
 
     Args:
@@ -242,6 +267,10 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
             the core budget is then the cluster's total CPUs (unless ``cores`` is given), the
             GPUs are the cluster's, and a config whose actors do not fit the nodes (an actor
             runs all its processes on one node, one CPU each) is pruned with the reason.
+        env_cpu_fraction: the share of an env step the env computes (the rest it waits, like
+            a remote simulator); below 1 the process cap counts env-stepping processes by
+            it, so an env that waits can get a process per env on a small machine. The
+            tuner passes its profile's value (:class:`~auturi.tuner.profile.Profile`).
 
     Raises:
         ValueError: a total is not a positive integer.
@@ -277,6 +306,7 @@ def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[st
                             c = Config(num_actors=a, envs_per_actor=e, env_parallel_degree=d,
                                        policies_per_actor=p, policy_device=dev, policy_batch_size=b)
                             why = (cluster.problem(c) if cluster is not None else None) or \
-                                config_problem(c, cores, cuda_count)
+                                config_problem(c, cores, cuda_count, env_cpu_fraction)
                             (pruned.append((c, why)) if why else configs.append(c))
-    return SearchSpace(totals=tuple(totals), cores=cores, devices=devs, configs=configs, pruned=pruned)
+    return SearchSpace(totals=tuple(totals), cores=cores, devices=devs, configs=configs, pruned=pruned,
+                       env_cpu_fraction=min(1.0, float(env_cpu_fraction)))
