@@ -271,3 +271,16 @@ def test_offpolicy_summary_pairs_each_kind_with_the_same_repeats_dummy_run():
     assert p["repeats"] == 2 and p["min"] == 0.8 and p["max"] == 1.0
     assert abs(p["geomean"] - 0.8 ** 0.5) < 1e-12  # not the ratio of medians (15 / 16.25)
     assert set(_summary(runs)["sac"]) == {"dummy", "wrap"}  # kinds not run are left out
+
+
+def test_choice_ab_table_names_each_revisions_choices_and_their_ratio():
+    from bench.choice_ab import markdown
+
+    row = {"workload": "slow", "runs": {"ref": [{}, {}], "head": [{}, {}]},
+           "labels": {"ref_0": "ref_0", "ref_1": "ref_0", "head_0": "head_0", "head_1": "serial"},
+           "configs": {"serial": "S", "ref_0": "A", "head_0": "B"},
+           "ref": {"median_of_choices": 5000.0, "tune_seconds": [10.0, 12.0]},
+           "head": {"median_of_choices": 9000.0, "tune_seconds": [14.0, 16.0]},
+           "head_vs_ref": 1.8, "head_vs_best_peer": 3.0}
+    md = markdown({"machine": "m", "command": "python -m bench.choice_ab --ref x", "started": "now", "workloads": [row]})
+    assert "| slow | A; A | B; S | 11 / 15 | 5,000 | 9,000 | 1.80x | 3.00x |" in md

@@ -155,4 +155,6 @@ def test_an_env_that_waits_gets_a_process_per_env_on_a_small_machine():
     replicas = Config(num_actors=1, envs_per_actor=16, env_parallel_degree=8, policies_per_actor=8, policy_batch_size=2)
     assert replicas not in waits  # 7 env workers at a quarter + 8 replicas whole: 9.75 > 8
     assert "counting env processes by their CPU share" in waits.reason_pruned(replicas)
+    kinds = waits.sizes()["pruned_by_reason"]  # counted by kind, whatever the numbers
+    assert set(kinds) == {"more processes than 4x cores", "policies_per_actor*policy_batch_size > envs_per_actor"}
     assert build_space(16, cores=2, devices=["cpu"], env_cpu_fraction=1.0).configs == plain.configs

@@ -76,7 +76,7 @@ def _device_problem(device: str, cuda_count: int) -> str | None:
 
 def _reason_kind(reason: str) -> str:
     """The reason with its numbers blanked, to count pruned points by kind."""
-    return re.sub(r"\s*\(\d+\)", "", reason.split(":")[0])
+    return re.sub(r"\s*\(\d+(; [^)]*)?\)", "", reason.split(":")[0])
 
 
 @dataclass
@@ -150,7 +150,8 @@ class SearchSpace:
             k = _reason_kind(why)
             by_kind[k] = by_kind.get(k, 0) + 1
         return {"configs": len(self.configs), "pruned": len(self.pruned), "pruned_by_reason": by_kind,
-                "totals": list(self.totals), "cores": self.cores, "devices": list(self.devices)}
+                "totals": list(self.totals), "cores": self.cores, "devices": list(self.devices),
+                "env_cpu_fraction": round(self.env_cpu_fraction, 4)}
 
     def summary(self) -> str:
         """One line, e.g. ``"113 configs for 16 envs on 2 cores (cpu); 62 pruned: ..."``."""
