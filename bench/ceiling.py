@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
 from typing import Any
 
-from bench.common import interleave, machine_header, summarize
+from bench.common import interleave, machine_header, save_and_print, summarize
 
 
 def _copy_main(workload: str, num_envs: int, seed: int, conn: Any) -> None:
@@ -164,12 +163,7 @@ def main(argv=None) -> dict:
         out["workloads"].append(row)
         print(f"{name:12s} copies {peers['copies']['median']:10,.0f}  tuned {peers['auturi_tuned']['median']:10,.0f}"
               f"  serial {peers['serial']['median']:10,.0f}  tuned/copies {row['tuned_vs_copies']:.0%}", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    print()
-    print(markdown(out))
-    return out
+    return save_and_print(out, args.out, markdown)
 
 
 def markdown(out: dict) -> str:

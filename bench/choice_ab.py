@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import machine_header, median_spread
+from bench.common import machine_header, median_spread, save_and_print
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,12 +111,7 @@ def main(argv=None) -> dict:
         out["workloads"].append(row)
         print(f"{name:10s} head's choices {row['head_vs_ref']:.2f}x ref's; {row['head_vs_best_peer']:.2f}x the best "
               f"SB3 vector env", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    print()
-    print(markdown(out))
-    return out
+    return save_and_print(out, args.out, markdown)
 
 
 def markdown(out: dict) -> str:

@@ -50,6 +50,18 @@ def act(policy: Any, obs: Any, rng: Any) -> Any:
     return actions
 
 
+def save_and_print(out: dict, path: str, markdown: Callable[[dict], str]) -> dict:
+    """Write a bench's record ``out`` as JSON to ``path`` (folders made), print its table, return it."""
+    import json
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    print()
+    print(markdown(out))
+    return out
+
+
 def median_spread(xs: Sequence[float]) -> tuple[float, float]:
     """Median and half the interquartile range, as a fraction of the median."""
     xs = sorted(xs)

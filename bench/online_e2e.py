@@ -50,6 +50,12 @@ def make_cpuheavy():
     return HeavyTailEnv(base_seconds=2e-4, tail_prob=0.0)  # ~0.2 ms of CPU per step, no tail
 
 
+def make_remote():
+    from auturi.envs import SlowEnv
+
+    return SlowEnv()  # ~1 ms spent waiting per step, as on a simulator in another process or host
+
+
 def make_bimodal():
     from auturi.envs import HeavyTailEnv
 
@@ -71,6 +77,7 @@ WORKLOADS = {
     "cpuheavy": E2EWorkload("cpuheavy", "CPU-heavy env (0.2 ms of compute per step)", make_cpuheavy),
     "bimodal": E2EWorkload("bimodal", "bimodal step latency (1 in 10 steps 20x)", make_bimodal),
     "halfcheetah": E2EWorkload("halfcheetah", "MuJoCo HalfCheetah-v5", "HalfCheetah-v5", n_envs=8, n_steps=128),
+    "remote": E2EWorkload("remote", "a remote simulator (1 ms waiting per step)", make_remote),
     "bignet": E2EWorkload("bignet", "large policy network (3x1024 MLP) on CartPole", "CartPole-v1",
                           policy_kwargs={"net_arch": [1024, 1024, 1024]}),
 }

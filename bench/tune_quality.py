@@ -11,12 +11,10 @@ Run: python -m bench.tune_quality [--workloads cartpole slow heavytail] [--out .
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
-from bench.common import interleave, machine_header, median_spread
+from bench.common import interleave, machine_header, median_spread, save_and_print
 
 
 def tune(workload, strategy: str, **kw):
@@ -100,12 +98,7 @@ def main(argv=None) -> dict:
         print(f"{name:10s} model: {row['model']['fraction_of_grid_best']:.2f} of grid best for "
               f"{row['model']['fraction_of_grid_seconds']:.2f} of its time; vs serial "
               f"{row['model']['vs_serial']:.2f}x, vs best peer {row['model']['vs_best_peer']:.2f}x", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    print()
-    print(markdown(out))
-    return out
+    return save_and_print(out, args.out, markdown)
 
 
 def markdown(out: dict) -> str:
