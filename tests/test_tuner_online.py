@@ -916,3 +916,37 @@ def test_the_serial_baseline_after_another_start_stops_once_clearly_slower():
     assert (start.config, start.source) == (FAST, "start") and start.n >= 2
     assert (serial.config, serial.source, serial.n, serial.stop_reason) == (Config.serial(N), "serial", 1, "slower")
     assert online.locked_config == FAST
+
+
+def test_a_move_declined_with_no_collect_left_to_gain_on_is_tried_by_a_longer_run():
+    """At the end of a short run a move is declined with no benefit left to weigh (no collect
+    after its warm-up); its record keeps what each collect would save, so a longer run finds
+    it pays back (before, a benefit of 0 scaled to 0 and the short run's choice bound)."""
+    from auturi.tuner.online import declined_now_paying
+
+    short = model_online(ProfiledFake())
+    for left in range(4, -1, -1):  # the start layout's trial takes all but the last collect
+        short.collect(64, remaining_collects=left)
+    spent = [d for d in short.declined if d["benefit_seconds"] == 0 and d["cost_seconds"] > 0]
+    assert spent, short.declined
+    for d in spent:
+        assert d["benefit_per_collect"] > 0
+        assert declined_now_paying([d], 2000) is d and declined_now_paying([d], 1) is None
+
+
+def test_the_baselines_cost_is_not_what_a_search_trial_is_priced_at():
+    """The serial baseline after another start is measured whatever it costs (here 4x slower
+    than the start): its slow collects count in the search's cost, not in what the next move
+    is expected to cost (``trial_cost``, per search trial)."""
+    start = Config(num_actors=1, envs_per_actor=N16, env_parallel_degree=8)
+    ex = ProfiledFake(truth=lambda c: 4000.0 if c == start else 1000.0, config=start)
+    online = OnlineTuner(ex, ModelStrategy(profile=TRUE), space=SPACE16, clock=ex.clock, cache=False)
+    while len([t for t in online.history if t.source in ("start", "serial")]) < 2:
+        online.collect(64, remaining_collects=500)
+    assert [t.source for t in online.history][:2] == ["start", "serial"]
+    # the serial trial's 3 slow collects (~0.77 s each beyond the start's rate) are the
+    # search's cost; of them, the search trials' is at most the next move's reconfigure
+    assert online.trial_cost <= ex.reconf_s and online.search_cost - online.trial_cost > 2.0
+    for _ in range(40):
+        online.collect(64, remaining_collects=400)
+    assert 0 < online.trial_cost < online.search_cost

@@ -61,21 +61,35 @@ share the cores with the training for a few seconds), charged to a trial whose p
 fork from a server not started yet."""
 RECONFIGURE_BASE = 0.03
 """Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
+SEARCH_SOURCES = ("online", "research")
+"""Trial sources that are the search's own moves; the start, serial and cached configs are
+measured whatever they cost, so their cost says nothing of what the next move will cost
+(a remote simulator's serial baseline, 3.7x slower than the best, priced every move at 4.8 s)."""
 
 
 def declined_now_paying(declined: Sequence[Mapping[str, Any]], left: int | None) -> Mapping[str, Any] | None:
     """The first declined move (an entry of ``OnlineTuner.declined``) that pays back over
-    ``left`` collects: its benefit, computed for the collects it had left then, grows with
-    the collects left (the cost does not). ``left`` None (unknown): any declined move with a
-    benefit. None when there is none."""
+    ``left`` collects: its benefit grows with the collects left (the cost does not), at
+    ``benefit_per_collect`` each where recorded (a move declined with no collect left to
+    gain on still has one), else scaled from the benefit computed for the collects it had
+    left then. ``left`` None (unknown): any declined move with a benefit. None when there is
+    none.
+
+    >>> d = {"benefit_seconds": 0.0, "benefit_per_collect": 0.1, "cost_seconds": 2.0, "collects_left": 1}
+    >>> declined_now_paying([d], 10) is None, declined_now_paying([d], 40) is d
+    (True, True)
+    """
     for d in declined:
         try:
             benefit, cost, then = float(d["benefit_seconds"]), float(d["cost_seconds"]), d["collects_left"]
+            per = float(d["benefit_per_collect"]) if d.get("benefit_per_collect") is not None else None
         except (KeyError, TypeError, ValueError):
             continue
-        if not (benefit > 0 and math.isfinite(cost)) or not then:
+        if per is None:
+            per = benefit / float(then) if then else 0.0
+        if not (per > 0 and math.isfinite(cost)):
             continue
-        if left is None or benefit * left / float(then) > cost:
+        if left is None or per * left > cost:
             return d
     return None
 
@@ -228,6 +242,9 @@ class OnlineTuner(_Session):
         self.remaining_collects: int | None = None  # as the caller last said (see collect)
         self.researches = 0
         self.search_cost = 0.0  # seconds the search has cost so far (see the module docstring)
+        # ... of which the search trials' (their reconfigures and slow collects): not the start's,
+        # serial's or a cached choice's, which are measured whatever they cost
+        self.trial_cost = 0.0
         self.profile_source: str | None = None  # "rollouts" or "executor", once profiled
         self.reconfigures: list[dict[str, Any]] = []  # one per reconfigure this tuner made
         self.declined: list[dict[str, Any]] = []  # configs not tried: they would not pay back (_pays_back)
@@ -292,7 +309,10 @@ class OnlineTuner(_Session):
                 self._profile_stats.append(getattr(rollout, "stats", None))
             best = self.best()
             if self.phase != "confirm" and best is not None and best.estimate:
-                self.search_cost += max(0.0, seconds - steps / best.estimate)
+                excess = max(0.0, seconds - steps / best.estimate)
+                self.search_cost += excess
+                if rec is not None and rec.trial.source in SEARCH_SOURCES:
+                    self.trial_cost += excess
             self._gather(sps, steps)
         elif self.phase == "locked":
             self._watch(sps, steps)
@@ -534,6 +554,8 @@ class OnlineTuner(_Session):
         if config != self.executor.config:
             try:
                 trial.reconfigure_seconds, trial.reconfigure = self._reconfigure(config)
+                if source in SEARCH_SOURCES:
+                    self.trial_cost += trial.reconfigure_seconds
             except ConfigError as e:
                 trial.status, trial.error, trial.exception = "invalid", str(e), e
                 self._record_trial(trial)
@@ -648,7 +670,7 @@ class OnlineTuner(_Session):
             return
         t = rec.trial
         self._record_trial(t)
-        if t.source in ("online", "research"):
+        if t.source in SEARCH_SOURCES:
             self._search_trials += 1
             self._track_record(t)
         if self.phase == "research":
@@ -749,18 +771,29 @@ class OnlineTuner(_Session):
             return None
         collect_s = self._num_steps * self.executor.num_envs / best.estimate
         warm = self._warmup_collects()
-        gain = max(0.0, 1.0 - best.estimate / pred)
-        if gain < self.min_gain:
+        per = self._benefit_per_collect(pred)
+        if not per:
             return 0.0, 0.0  # within noise: no benefit to weigh (declined: benefit must be > 0)
-        benefit = self.discount() * gain * collect_s * max(0, left - warm)
+        benefit = per * max(0, left - warm)
         started = self._started_processes(config)
         back = self._reconfigure_estimate(self.executor.config, self._started_processes(self.executor.config, config))
         cost = self._reconfigure_estimate(config, started) + back + 0.5 * collect_s * (warm + 1)
         if started and self._needs_warm(config):
             cost += SERVER_START_PRIOR  # its processes' server starts first
-        if self._search_trials:  # what this run's trials really cost (slow collects included)
-            cost = max(cost, self.search_cost / self._search_trials)
+        if self._search_trials:  # what this run's search trials really cost (slow collects included)
+            cost = max(cost, self.trial_cost / self._search_trials)
         return benefit, cost
+
+    def _benefit_per_collect(self, pred: float | None) -> float:
+        """Seconds each collect would save at ``pred`` steps/s against the best measured
+        config, times :meth:`discount`; 0 for a gain below ``min_gain`` (within noise)."""
+        best = self.best()
+        if best is None or not best.estimate or not pred or not math.isfinite(pred):
+            return 0.0
+        gain = max(0.0, 1.0 - best.estimate / pred)
+        if gain < self.min_gain:
+            return 0.0
+        return self.discount() * gain * self._num_steps * self.executor.num_envs / best.estimate
 
     def discount(self) -> float:
         """How much of a predicted gain a trial is expected to deliver: the mean of this run's
@@ -801,7 +834,8 @@ class OnlineTuner(_Session):
         self.declined.append({"config": config.to_dict(), "at_collect": self.collects,
                               "collects_left": self.remaining_collects, "predicted": pred,
                               "best": best.estimate if best else None,
-                              "benefit_seconds": benefit, "cost_seconds": cost})
+                              "benefit_seconds": benefit, "cost_seconds": cost,
+                              "benefit_per_collect": self._benefit_per_collect(pred)})
         self._emit("phase", None, None,
                    f"not trying {config}: {self.remaining_collects} collects left; it would save ~{benefit:.2f} s "
                    f"against ~{cost:.2f} s to try it")
