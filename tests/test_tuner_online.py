@@ -950,3 +950,17 @@ def test_the_baselines_cost_is_not_what_a_search_trial_is_priced_at():
     for _ in range(40):
         online.collect(64, remaining_collects=400)
     assert 0 < online.trial_cost < online.search_cost
+
+
+def test_a_reconfigure_that_started_a_server_does_not_price_process_starts():
+    """A cached choice applied before the first collect starts its processes' server inside
+    that reconfigure (1-2 s of imports): it says nothing of what a started process costs, so
+    the estimate keeps its prior until a reconfigure without a server start is measured."""
+    from auturi.tuner.online import PROCESS_START_PRIOR, RECONFIGURE_BASE
+
+    online = model_online(ProfiledFake())
+    fifteen = Config(num_actors=1, envs_per_actor=N16, env_parallel_degree=16)
+    online.reconfigures = [{"seconds": 2.0, "executor": {"started": 3}, "cold": True}]
+    assert online._reconfigure_estimate(fifteen, 15) == pytest.approx(RECONFIGURE_BASE + 15 * PROCESS_START_PRIOR)
+    online.reconfigures.append({"seconds": 0.06, "executor": {"started": 3}})
+    assert online._reconfigure_estimate(fifteen, 15) == pytest.approx(RECONFIGURE_BASE + 15 * 0.02)

@@ -376,6 +376,7 @@ class OnlineTuner(_Session):
     def _reconfigure(self, config: Config) -> tuple[float, dict[str, Any] | None]:
         """Reconfigure the executor; its seconds count as search cost. Returns them and the
         executor's report of what it kept and restarted (``last_reconfigure``), if any."""
+        cold = self._needs_warm(config)  # its processes' servers start inside this reconfigure
         secs = float(self.executor.reconfigure(config) or 0.0)
         info = getattr(self.executor, "last_reconfigure", None)
         info = dict(info) if isinstance(info, Mapping) else None
@@ -383,7 +384,7 @@ class OnlineTuner(_Session):
             secs = float(info.get("seconds") or 0.0)
         self.search_cost += secs
         self.reconfigures.append({"to": config.to_dict(), "at_collect": self.collects, "seconds": secs,
-                                  **({"executor": info} if info else {})})
+                                  **({"executor": info} if info else {}), **({"cold": True} if cold else {})})
         return secs, info
 
     # -- the start
@@ -735,15 +736,18 @@ class OnlineTuner(_Session):
     # -- does a move pay back before the training ends?
     def _reconfigure_estimate(self, config: Config, started: int | None = None) -> float:
         """Seconds a reconfigure to ``config`` should take: the processes its plan starts times
-        what a started process cost in this run's reconfigures so far (a prior of
-        ``PROCESS_START_PRIOR`` s before any), plus ``RECONFIGURE_BASE`` s; for an executor that
+        what a started process cost in this run's reconfigures so far, those that also started
+        a server left out (a prior of ``PROCESS_START_PRIOR`` s before any), plus
+        ``RECONFIGURE_BASE`` s; for an executor that
         does not report what it started, the median of this run's reconfigures."""
         started = self._started_processes(config) if started is None else started
+        # A reconfigure that started its processes' server (a cached choice applied before
+        # the first collect) paid the server's imports too: 1-2 s that no later one pays.
         per = [r["seconds"] / r["executor"]["started"] for r in self.reconfigures
-               if r.get("executor", {}).get("started")]
+               if r.get("executor", {}).get("started") and not r.get("cold")]
         if per:
             return RECONFIGURE_BASE + started * statistics.median(per)
-        whole = [r["seconds"] for r in self.reconfigures]  # an executor that does not say what it started
+        whole = [r["seconds"] for r in self.reconfigures if "executor" not in r]  # one that does not say what it started
         if whole:
             return statistics.median(whole)
         return RECONFIGURE_BASE + started * PROCESS_START_PRIOR
