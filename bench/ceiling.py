@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
     from auturi import Config
     from auturi.resources import usable_cores
     from bench.peers import AuturiRunner, LimitProbe
-    from bench.workloads import WorkloadUnavailable, get_workload
+    from bench.workloads import available_workloads
 
     import torch  # noqa: F401  (versions in the header)
 
@@ -131,13 +131,8 @@ def main(argv=None) -> dict:
            "record": {"path": args.record, "started": record.get("started"), "note": record.get("note")},
            "workloads": []}
     print(out["machine"], flush=True)
-    for name in args.workloads:
-        w = get_workload(name)
-        try:
-            w.check()
-        except WorkloadUnavailable as e:
-            print(f"{name}: skipped ({e})")
-            continue
+    for w in available_workloads(args.workloads):
+        name = w.name
         if name not in tuned:
             print(f"{name}: skipped (no tuned choice in {args.record})")
             continue

@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     from auturi import Config
     from bench.tune_quality import final_round
-    from bench.workloads import WorkloadUnavailable, get_workload
+    from bench.workloads import available_workloads
 
     import torch  # noqa: F401  (versions in the header)
     import stable_baselines3  # noqa: F401
@@ -74,13 +74,8 @@ def main(argv=None) -> dict:
     out = {"machine": machine_header(), "command": "python -m bench.choice_ab " + " ".join(argv or sys.argv[1:]),
            "ref": args.ref, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "workloads": []}
     print(out["machine"], flush=True)
-    for name in args.workloads:
-        w = get_workload(name)
-        try:
-            w.check()
-        except WorkloadUnavailable as e:
-            print(f"{name}: skipped ({e})")
-            continue
+    for w in available_workloads(args.workloads):
+        name = w.name
         runs: dict[str, list[dict]] = {"ref": [], "head": []}
         for i in range(args.repeats):
             for side in (("ref", "head") if i % 2 == 0 else ("head", "ref")):

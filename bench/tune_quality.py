@@ -57,7 +57,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default="bench/results/tune_quality.json")
     args = ap.parse_args(argv)
     from auturi import Config
-    from bench.workloads import WorkloadUnavailable, get_workload
+    from bench.workloads import available_workloads
 
     import torch  # noqa: F401  (versions in the header)
     import stable_baselines3  # noqa: F401
@@ -65,13 +65,8 @@ def main(argv=None) -> dict:
     out = {"machine": machine_header(), "command": "python -m bench.tune_quality " + " ".join(argv or sys.argv[1:]),
            "workloads": []}
     print(out["machine"], flush=True)
-    for name in args.workloads:
-        w = get_workload(name)
-        try:
-            w.check()
-        except WorkloadUnavailable as e:
-            print(f"{name}: skipped ({e})")
-            continue
+    for w in available_workloads(args.workloads):
+        name = w.name
         row: dict = {"workload": name, "num_envs": w.num_envs, "num_steps": w.num_steps}
         proto = {"max_samples": args.max_samples}
         res = {}

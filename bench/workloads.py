@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +258,19 @@ WORKLOADS: dict[str, Workload] = {
                  envpool_task=FOOTBALL_TASK),
     ]
 }
+
+
+def available_workloads(names: Iterable[str]) -> Iterator[Workload]:
+    """The named workloads whose simulators are installed; each one that is not is skipped
+    with a line saying what to install."""
+    for name in names:
+        w = get_workload(name)
+        try:
+            w.check()
+        except WorkloadUnavailable as e:
+            print(f"{name}: skipped ({e})")
+            continue
+        yield w
 
 
 def get_workload(name: str) -> Workload:

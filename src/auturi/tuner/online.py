@@ -1,7 +1,7 @@
 """Online tuning (:class:`OnlineTuner`): inside training, every collect is the real collect
 the learner gets back and one sample for the trial of the config it ran under.
 
-Over 500 lines on purpose (about 900, much of it docstrings): one state machine (confirm,
+Over 500 lines on purpose (about 960, much of it docstrings): one state machine (confirm,
 explore, paused, locked, research) whose phases hand over to each other; split, each half
 would need the other's state. The
 payback rule (``_payback``, ``discount``, ``_reconfigure_estimate``) reads only the trials and
