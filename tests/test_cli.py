@@ -315,3 +315,90 @@ def test_worker_timeout_and_address_reach_the_executor(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and lines == ['auturi: error: --backend ray needs Ray, which is not installed: '
                                              'pip install "auturi[ray]"'], out.stderr
+
+
+def test_an_unwritable_cache_loses_nothing(tmp_path):
+    """The issue's case: the whole search ran, then PermissionError, exit 1 and no --out. Now
+    --out is written, the run exits 0, and one warning line names the directory and the fix.
+    The cache directory lies under a regular file, so this holds when the tests run as root."""
+    (tmp_path / "a_file").write_text("")
+    cache_dir = tmp_path / "a_file" / "cache"
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY[:2], "--budget-trials",
+                           "2", "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "0.5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(cli_env(tmp_path), AUTURI_CACHE_DIR=str(cache_dir)))
+    assert proc.returncode == 0, proc.stderr
+    assert Config.from_dict(json.loads(out.read_text())["choice"]["config"]).num_envs == 2
+    warned = [ln for ln in proc.stderr.splitlines() if "warning" in ln.lower()]
+    assert len(warned) == 1 and warned[0].startswith("auturi: warning: "), proc.stderr
+    assert str(cache_dir) in warned[0] and "AUTURI_CACHE_DIR=" in warned[0] and "--no-cache" in warned[0]
+    assert "Traceback" not in proc.stderr and "Record cached" not in proc.stderr
+
+
+MARKER_ENV = '''import os
+
+import gymnasium as gym
+
+_steps = 0
+
+
+class Marked(gym.Wrapper):
+    """CartPole that creates $MARKER once it has stepped 300 times: tuning is under way."""
+
+    def step(self, action):
+        global _steps
+        _steps += 1
+        if _steps == 300:
+            open(os.environ["MARKER"], "w").close()
+        return self.env.step(action)
+
+
+def make():
+    return Marked(gym.make("CartPole-v1"))
+'''
+
+
+@pytest.mark.parametrize("signame,with_out", [("SIGTERM", True), ("SIGINT", False)])
+def test_an_interrupted_tune_says_what_it_was_doing_and_writes_the_partial_record(tmp_path, signame, with_out):
+    """SIGTERM (a scheduler's stop) used to end ``auturi tune`` silently, with nothing saved.
+    Now it is handled as Ctrl-C is: every worker stopped, one line saying what was running
+    and where the partial record is; the record holds the trials measured so far."""
+    import signal
+
+    (tmp_path / "marked_env.py").write_text(MARKER_ENV)
+    marker = tmp_path / "tuning-started"
+    out = tmp_path / "partial.json"
+    args = [sys.executable, "-m", "auturi.cli", "tune", "marked_env:make", "--backend", "serial", "--strategy", "grid",
+            "--num-envs", "2", "--num-steps", "16", "--budget-seconds", "300", *(["--out", str(out)] if with_out else [])]
+    # SIGINT is Python's KeyboardInterrupt only where the parent did not ignore it (a
+    # background job's shell does): reset it for the child.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=dict(cli_env(tmp_path), MARKER=str(marker)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate(timeout=60)
+        proc.send_signal(getattr(signal, signame))
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    code, words = (143, "terminated (SIGTERM)") if signame == "SIGTERM" else (130, "interrupted (Ctrl-C)")
+    assert proc.returncode == code, stderr
+    line = next((ln for ln in stderr.splitlines() if ln.startswith("auturi: ")), "")
+    assert line.startswith(f"auturi: {words} during the ") and "every worker was stopped" in line, stderr
+    m = re.search(r"partial record: (\S+) \(auturi show", line)
+    assert m, line
+    saved = Path(m.group(1))
+    assert saved == (out if with_out else tmp_path / "cache" / saved.name)
+    rec = json.loads(saved.read_text())
+    assert rec["interrupted"]["signal"] == signame and rec["interrupted"]["phase"] in line
+    assert rec["trials"] and all(t["status"] in ("ok", "running") for t in rec["trials"])
+    assert "Traceback" not in stderr
+    shown = cli("show", str(saved), tmp=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert f"interrupted by {signame}" in shown.stdout and "auturi.Config(" in shown.stdout

@@ -459,3 +459,156 @@ def test_the_config_schema_is_configs_knobs_and_the_version_is_the_packages():
     with pytest.raises(ValidationError):
         model(**{**Config().to_dict(), "env_parallel_degree": 0})
     assert create_app(StatusSnapshot()).openapi()["info"]["version"] == auturi.__version__
+
+
+# ---------------------------------------------------------------------------- what one client may hold
+# Raw sockets, as a hostile local client would use them, against both HTTP parsers uvicorn
+# may run (httptools where installed, h11 otherwise). The limits are small so that each test
+# is quick; every wait is a read with a generous deadline, never a sleep.
+import select  # noqa: E402
+import socket  # noqa: E402
+
+from auturi.server import ServerLimits  # noqa: E402
+
+SMALL = ServerLimits(max_head_bytes=4096, max_body_bytes=1024, request_timeout=0.5, keep_alive_timeout=0.5,
+                     max_connections=4)
+GET = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+DEADLINE = 30.0  # seconds: far above every limit here, only there so that a failure cannot hang
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def parser(request, monkeypatch):
+    import auturi.server.serve as serve
+
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+    else:
+        monkeypatch.setattr(serve, "_fast_or", lambda fast, fallback: fallback)  # h11 and asyncio's loop
+    return request.param
+
+
+def limited(limits: ServerLimits = SMALL) -> StatusServer:
+    snap = StatusSnapshot()
+    snap.update(status={"phase": "search"})
+    srv = StatusServer(snap, limits=limits)
+    srv.start()
+    return srv
+
+
+def connect(srv: StatusServer) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=DEADLINE)
+    return s
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the socket's timeout is
+    the deadline: a server that keeps it open fails the test with socket.timeout)."""
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    return data
+
+
+def status_of(data: bytes) -> int:
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else 0
+
+
+def test_a_head_over_the_limit_is_431_and_the_connection_closes(parser):
+    srv = limited()
+    try:
+        with connect(srv) as s:
+            s.sendall(GET + b"X-Big: " + b"a" * 8192)  # unfinished: the old server buffered it all, and more
+            answer = read_until_closed(s)
+        assert status_of(answer) == 431 and b"exceed 4096 bytes" in answer, answer[:200]
+        # A client that keeps sending (the issue's 64 MiB header) is cut off, not buffered.
+        with connect(srv) as s, pytest.raises(OSError):  # BrokenPipe or ConnectionReset
+            s.sendall(GET + b"X-Big: ")
+            for _ in range(512):  # 32 MiB, far beyond what the kernel's socket buffers hold
+                s.sendall(b"a" * 65536)
+        assert get(srv.url, "/healthz").status_code == 200  # the server itself is fine
+    finally:
+        srv.stop()
+
+
+def test_a_body_over_the_limit_is_413_and_the_connection_closes(parser):
+    srv = limited()
+    try:
+        with connect(srv) as s:
+            s.sendall(GET + b"Content-Length: 100000\r\n\r\n")  # declared: refused before it is sent
+            answer = read_until_closed(s)
+        assert status_of(answer) == 413 and b"exceeds 1024 bytes" in answer, answer[:200]
+        with connect(srv) as s:
+            s.sendall(GET + b"Transfer-Encoding: chunked\r\n\r\n800\r\n" + b"b" * 2048 + b"\r\n0\r\n\r\n")
+            answer = read_until_closed(s)
+        assert status_of(answer) == 413, answer[:200]
+        with connect(srv) as s:  # a body within the limit is passed on and answered
+            s.sendall(GET + b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+            assert status_of(read_until_closed(s)) == 200
+    finally:
+        srv.stop()
+
+
+def test_a_silent_connection_and_a_trickling_head_are_closed(parser):
+    srv = limited()
+    try:
+        with connect(srv) as silent, connect(srv) as trickle:
+            trickle.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
+            closed = False
+            end = time.monotonic() + DEADLINE
+            while not closed and time.monotonic() < end:  # a byte per 50 ms until the server hangs up
+                try:
+                    trickle.sendall(b"a")
+                except OSError:
+                    break
+                closed = bool(select.select([trickle], [], [], 0.05)[0])
+            try:
+                answer = read_until_closed(trickle)
+            except ConnectionResetError:  # a byte sent just after the server closed: the reset may drop its 408
+                answer = b"HTTP/1.1 408 (reset)"
+            assert status_of(answer) == 408
+            assert status_of(read_until_closed(silent)) == 408  # never sent a byte
+    finally:
+        srv.stop()
+
+
+def test_an_idle_keep_alive_connection_is_closed(parser):
+    srv = limited()
+    try:
+        with connect(srv) as s:
+            s.sendall(GET + b"\r\n")
+            answer = read_until_closed(s)  # answered, then closed once idle for keep_alive_timeout
+        assert status_of(answer) == 200 and answer.count(b"HTTP/1.1 ") == 1
+    finally:
+        srv.stop()
+
+
+def test_connections_beyond_the_cap_are_503_at_once(parser):
+    srv = limited(ServerLimits(max_connections=3, request_timeout=DEADLINE, keep_alive_timeout=DEADLINE))
+    held = [connect(srv) for _ in range(3)]
+    try:
+        for s in held:  # each answered, so the server has counted it; each stays open (keep-alive)
+            s.sendall(GET + b"\r\n")
+            assert status_of(s.recv(65536)) == 200
+        with connect(srv) as extra:
+            answer = read_until_closed(extra)
+        assert status_of(answer) == 503 and b"more than 3 open connections" in answer, answer[:200]
+        held.pop().close()
+        end, answered = time.monotonic() + DEADLINE, 0
+        while answered != 200 and time.monotonic() < end:  # the server sees the close on its next turn
+            with connect(srv) as s:
+                s.sendall(GET + b"Connection: close\r\n\r\n")
+                answered = status_of(read_until_closed(s))
+        assert answered == 200
+    finally:
+        for s in held:
+            s.close()
+        srv.stop()
+
+
+def test_server_limits_are_checked():
+    with pytest.raises(ValueError, match="max_head_bytes must be an integer >= 1"):
+        ServerLimits(max_head_bytes=0)
+    with pytest.raises(ValueError, match="request_timeout must be a number of seconds > 0"):
+        ServerLimits(request_timeout=float("inf"))
+    with pytest.raises(TypeError, match="ServerLimits"):
+        StatusServer(StatusSnapshot(), limits={"max_connections": 3})

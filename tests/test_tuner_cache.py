@@ -254,3 +254,140 @@ def test_envpool_sources_are_named_by_task_not_module():
     from auturi.envs.envpool import EnvPoolSource
 
     assert describe_callable(EnvPoolSource("CartPole-v1")) == "envpool:EnvPoolSource('CartPole-v1')"
+
+
+# ---------------------------------------------------------------------------- a cache that cannot be used
+# The cache is an optimisation: nothing it fails at may stop a run. These tests make the
+# failures without chmod (a test run as root writes through any mode): a cache directory
+# under a regular file, or os functions patched to fail as a full or read-only disk does.
+import errno  # noqa: E402
+import os  # noqa: E402
+
+from auturi.tuner import cache as cache_mod  # noqa: E402
+from auturi.tuner.cache import CacheWarning  # noqa: E402
+
+HW, WL = {"cpu_model": "x", "cores": 2}, {"env": "e", "num_envs": 8}
+
+
+def record(config: Config = BEST, throughput: float = 5.0) -> dict:
+    return {"hardware": HW, "workload": WL, "choice": {"config": config.to_dict(), "throughput": throughput}}
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    """Each test starts as a fresh process would: no directory warned about yet."""
+    monkeypatch.setattr(cache_mod, "_warned_dirs", set())
+
+
+def cache_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".tmp-"))
+
+
+def test_an_unwritable_cache_directory_is_one_warning_and_the_tuning_goes_on(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    where = tmp_path / "a_file" / "cache"  # mkdir fails with ENOTDIR, as root too
+    with pytest.warns(CacheWarning) as caught:
+        ex1 = FakeExecutor(8, speeds, noise=0.02, seed=1)
+        first = Tuner("grid", cache=where, clock=ex1.clock).tune(ex1, 16)
+        ex2 = FakeExecutor(8, speeds, noise=0.02, seed=2)
+        second = Tuner("grid", cache=where, clock=ex2.clock).tune(ex2, 16)  # the same process, the same directory
+    assert first.choice == second.choice == BEST and not second.cache_hit
+    (message,) = cache_warnings(caught)  # one warning for both runs' stores
+    assert str(where) in message and "cannot be written" in message
+    assert f"{CACHE_ENV_VAR}=" in message and "--no-cache" in message and "cache=False" in message
+
+
+def test_the_online_tuner_locks_in_with_an_unwritable_cache(tmp_path):
+    """The issue's SB3 case: learn() raised PermissionError when the tuner locked in (it
+    stores its choice then)."""
+    (tmp_path / "a_file").write_text("")
+    ex = FakeExecutor(8, speeds, noise=0.01, seed=1)
+    online = OnlineTuner(ex, "grid", budget_trials=3, cache=tmp_path / "a_file" / "c", clock=ex.clock, min_samples=2)
+    with pytest.warns(CacheWarning, match="cannot be written"):
+        for _ in range(200):
+            online.collect(16)
+            if online.phase == "locked":
+                break
+    assert online.phase == "locked" and online.locked_config is not None
+
+
+def failing(error: BaseException):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+@pytest.mark.parametrize("where,error", [
+    ("fsync", OSError(errno.ENOSPC, "No space left on device")),
+    ("replace", OSError(errno.EROFS, "Read-only file system")),
+    ("replace", PermissionError(errno.EACCES, "Permission denied")),
+    ("open", OSError(errno.EDQUOT, "Disk quota exceeded")),
+], ids=["full-disk", "read-only", "permission", "quota"])
+def test_a_store_that_fails_warns_once_and_leaves_nothing_behind(tmp_path, monkeypatch, where, error):
+    cache = ResultsCache(tmp_path)
+    with monkeypatch.context() as m, pytest.warns(CacheWarning) as caught:
+        m.setattr(os, where, failing(error))
+        assert cache.store(record()) is None
+        assert cache.store(record()) is None  # the second failure in this process is silent
+    (message,) = cache_warnings(caught)
+    assert str(tmp_path) in message and error.strerror in message and CACHE_ENV_VAR in message
+    assert list(tmp_path.iterdir()) == []  # no temporary file, no half record
+
+
+@pytest.mark.parametrize("where", ["fsync", "replace"])
+def test_an_interrupted_store_leaves_no_temporary_file_and_the_old_record(tmp_path, monkeypatch, where):
+    cache = ResultsCache(tmp_path)
+    cache.store(record(BEST))
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(os, where, failing(KeyboardInterrupt()))
+        cache.store(record(Config.serial(8)))  # Ctrl-C mid-store
+    assert leftovers(tmp_path) == []
+    assert cache.best(HW, WL) == (BEST, 5.0)  # the record before is whole
+
+
+def test_stale_temporary_files_of_killed_stores_are_swept(tmp_path):
+    stale, fresh = tmp_path / ".tmp-1-aaaa.json", tmp_path / ".tmp-2-bbbb.json"
+    stale.write_text("{")
+    fresh.write_text("{")  # could be another process's store under way: kept
+    old = stale.stat().st_mtime - 2 * ResultsCache.STALE_TMP_SECONDS
+    os.utime(stale, (old, old))
+    ResultsCache(tmp_path).store(record())
+    assert leftovers(tmp_path) == [fresh.name]
+
+
+def test_an_unreadable_cache_directory_is_a_warning_not_a_crash(tmp_path, monkeypatch):
+    cache = ResultsCache(tmp_path)
+    cache.store(record())
+    with monkeypatch.context() as m, pytest.warns(CacheWarning) as caught:
+        m.setattr(cache_mod, "open", failing(PermissionError(errno.EACCES, "Permission denied")), raising=False)
+        assert cache.load(HW, WL) is None
+        assert cache.best(HW, WL) is None
+    (message,) = cache_warnings(caught)
+    assert str(tmp_path) in message and "cannot be read" in message and "Permission denied" in message
+    (tmp_path / "a_file").write_text("")
+    assert ResultsCache(tmp_path / "a_file" / "c").load(HW, WL) is None  # a path under a file: nothing cached
+
+
+def test_a_record_another_user_owns_is_not_trusted(tmp_path, monkeypatch):
+    """A planted record (written by someone else into a directory they can write) must not
+    choose what this run measures first."""
+    planted = Config(num_actors=4, envs_per_actor=2)
+    ex1 = FakeExecutor(8, speeds, noise=0.02, seed=1)
+    Tuner("grid", cache=tmp_path, clock=ex1.clock).tune(ex1, 16)
+    (path,) = tmp_path.glob("*.json")
+    rec = json.loads(path.read_text())
+    rec["choice"] = {"config": planted.to_dict(), "throughput": 1e9}
+    path.write_text(json.dumps(rec))
+    assert ResultsCache(tmp_path).best(rec["hardware"], rec["workload"])[0] == planted  # ours: trusted
+
+    monkeypatch.setattr(os, "getuid", lambda: path.stat().st_uid + 1)  # the file is now someone else's
+    ex2 = FakeExecutor(8, speeds, noise=0.02, seed=2)
+    with pytest.warns(CacheWarning, match=r"belongs to user id \d+, not to you") as caught:
+        second = Tuner("grid", cache=tmp_path, clock=ex2.clock).tune(ex2, 16)
+    assert str(path) in cache_warnings(caught)[0]
+    assert not second.cache_hit and second.trials[0].source != "cache" and second.trials[0].config != planted
+    assert second.choice == BEST

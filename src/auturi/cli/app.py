@@ -2,7 +2,10 @@
 ``bench``, and how their errors become exit codes.
 
 Exit codes: 0 done, 1 tuning failed at run time (a worker died), 2 bad input (unknown env,
-bad budget, missing GPU, unreadable file; one line says what to change), 130 interrupted.
+bad budget, missing GPU, unreadable file; one line says what to change), 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM). An interrupted ``tune`` stops every worker, says what it
+was doing and writes what it measured as a partial record (``--out``, else the cache
+directory).
 
 Over 400 lines because ``tune``'s options, their checks and its report (with ``--backend ray``,
 where the actors ran) read best in one place; parsing lives in ``knobs``, rendering in ``render``.
@@ -24,7 +27,10 @@ from typing import Annotated, Any
 
 import typer
 
+from auturi.cli.caching import StoreAfterOut, cache_warnings_as_lines
 from auturi.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail, one_line, stderr, stdout
+from auturi.cli.interrupt import (EXIT_TERMINATED, Interrupted, Terminated, interrupted, sigterm_as_interrupt,
+                                  signal_words)
 from auturi.cli.knobs import executor_kwargs, parse_devices, parse_start
 from auturi.cli.policies import build_policy, probe_spaces, resolve_env_spec
 from auturi.tuner.api import DEFAULT_BUDGET_SECONDS
@@ -124,12 +130,12 @@ def tune(
     debug: Annotated[bool, Opt("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Measure collection layouts for ENV on this machine and print the fastest."""
-    _run(lambda: _tune(env=env, policy=policy, num_envs=num_envs, num_steps=num_steps, strategy=strategy.value,
-                       budget_trials=budget_trials, budget_seconds=budget_seconds, devices=devices, start=start,
-                       seed=seed, out=out, status_port=status_port, status_host=status_host, status_token=status_token,
-                       status_linger=status_linger, json_out=json_out, backend=backend.value,
-                       max_trial_seconds=max_trial_seconds, cache=cache,
-                       executor_kwargs=executor_kwargs(backend.value, address, worker_timeout)), debug)
+    _run(lambda: _tune_guarded(
+        env=env, policy=policy, num_envs=num_envs, num_steps=num_steps, strategy=strategy.value,
+        budget_trials=budget_trials, budget_seconds=budget_seconds, devices=devices, start=start, seed=seed, out=out,
+        status_port=status_port, status_host=status_host, status_token=status_token, status_linger=status_linger,
+        json_out=json_out, backend=backend.value, max_trial_seconds=max_trial_seconds, cache=cache,
+        executor_kwargs=executor_kwargs(backend.value, address, worker_timeout)), debug)
 
 
 @app.command()
@@ -170,12 +176,15 @@ def _run(fn: Callable[[], None], debug: bool) -> None:
     err = stderr()
     try:
         fn()
+    except Interrupted as e:
+        err.print(f"auturi: {e}", markup=False, soft_wrap=True)
+        raise typer.Exit(e.code) from None
     except CliError as e:
         err.print(f"auturi: error: {e}", markup=False, soft_wrap=True)
         raise typer.Exit(e.code) from None
-    except KeyboardInterrupt:
-        err.print("auturi: interrupted; every worker was stopped", markup=False)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as e:
+        err.print(f"auturi: {signal_words(e)}; every worker was stopped", markup=False)
+        raise typer.Exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED) from None
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - no traceback for users unless --debug
@@ -255,6 +264,11 @@ class _StatusPage:
             self.server = None
 
 
+def _tune_guarded(**kw: Any) -> None:
+    with sigterm_as_interrupt(), cache_warnings_as_lines():
+        _tune(**kw)
+
+
 def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str, budget_trials: int | None,
           budget_seconds: float | None, devices: str | None, start: str | None, seed: int, out: Path | None,
           status_port: int | None, status_host: str, status_token: str | None, status_linger: float,
@@ -275,6 +289,8 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
     out_path = out.expanduser() if out is not None else None
     if out_path is not None and out_path.parent and not out_path.parent.exists():
         fail(f"--out {out}: directory {out_path.parent} does not exist")
+    if out_path is not None and not os.access(out_path.parent, os.W_OK):
+        fail(f"--out {out}: directory {out_path.parent} is not writable; pick a path you can write")
     pol, pol_desc = build_policy(policy, *probe_spaces(env_obj))
 
     from auturi.errors import ConfigError
@@ -301,8 +317,13 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
             if page is not None:
                 page.snapshot.set_placement(got)
 
+    held: dict[str, Any] = {}  # the tuner (for a partial record); its cache, held back until --out is written
+
     def on_start(tuner: Any, executor: Any) -> None:
         places["executor"] = executor
+        held["tuner"] = tuner
+        if tuner.cache is not None:
+            tuner.cache = held["cache"] = StoreAfterOut(tuner.cache)
         if page is not None:
             url = page.start(tuner)
             err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
@@ -320,12 +341,20 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                               **executor_kwargs)
         except ConfigError as e:
             fail(str(e))
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the executor has stopped its workers
+            if progress is not None:
+                progress.stop()
+            from auturi import Config
+
+            raise interrupted(e, held.get("tuner"), start_config or Config.serial(num_envs), num_steps, out_path,
+                              out) from None
         finally:
             if progress is not None:
                 progress.stop()
         if page is not None:
             page.final()
-        _report(result, out_path, json_out, cache, page, err, out_console, places.get(str(result.choice)))
+        _report(result, out_path, json_out, cache, page, err, out_console, places.get(str(result.choice)),
+                held.get("cache"))
         if page is not None and page.server is not None and status_linger > 0:
             if not json_out:
                 err.print(f"Serving {page.server.url} for {status_linger:g} more s (Ctrl-C to stop)", markup=False)
@@ -339,10 +368,17 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
 
 
 def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, page: Any, err: Any,
-            out_console: Any, places: list | None = None) -> None:
-    """The record to --out, then the JSON or the tables (with ``--backend ray``, where the
-    choice's actors ran)."""
-    saved = result.save(out_path) if out_path is not None else None
+            out_console: Any, places: list | None = None, held: Any = None) -> None:
+    """The record to --out, then into the cache (a cache that fails is a warning; --out is
+    written first so nothing the user asked for waits on it), then the JSON or the tables
+    (with ``--backend ray``, where the choice's actors ran)."""
+    saved, out_error = None, None
+    if out_path is not None:
+        try:
+            saved = result.save(out_path)
+        except OSError as e:  # the tables still print (the work is not lost), then exit 1
+            out_error = e
+    cached = held.flush() if held is not None else None
     if json_out:
         rec = result.to_record()
         if places:
@@ -351,20 +387,19 @@ def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, pag
             rec["status_url"] = page.server.url
         out_console.file.write(json.dumps(json_safe(rec), indent=1, allow_nan=False) + "\n")
         out_console.file.flush()
-        return
-    print_result(out_console, result, saved)
-    if places:
-        from auturi.executor.ray_cluster import place_lines
+    else:
+        print_result(out_console, result, saved)
+        if places:
+            from auturi.executor.ray_cluster import place_lines
 
-        out_console.print(f"Where its actors ran ({len({p['node'] for p in places})} nodes):", markup=False)
-        for line in place_lines(places):
-            out_console.print("  " + line, markup=False, soft_wrap=True)
-    if saved is None and cache:
-        from auturi.tuner.cache import ResultsCache
-
-        p = ResultsCache().path(result.hardware, result.workload)
-        if p.exists():
-            err.print(f"Record cached at {p} (write one with --out result.json)", markup=False, soft_wrap=True)
+            out_console.print(f"Where its actors ran ({len({p['node'] for p in places})} nodes):", markup=False)
+            for line in place_lines(places):
+                out_console.print("  " + line, markup=False, soft_wrap=True)
+        if saved is None and out_error is None and cache and cached is not None:
+            err.print(f"Record cached at {cached} (write one with --out result.json)", markup=False, soft_wrap=True)
+    if out_error is not None:
+        fail(f"--out {out_path}: cannot write it ({out_error.strerror or out_error}); the results are printed "
+             f"above{' and cached' if cached is not None else ''}; pick a path you can write", EXIT_FAILED)
 
 
 def _process_seconds() -> float | None:
@@ -404,8 +439,23 @@ def _show(path: Path, json_out: bool) -> None:
     out.print(f"{p}: {wl.get('env', '?')} x {wl.get('num_envs', '?')} envs, {result.num_steps} steps/collect, "
               f"on {hw.get('cpu_model', '?')} ({hw.get('cores', '?')} cores"
               + (f", {', '.join(hw['gpus'])}" if hw.get("gpus") else "") + ")", markup=False, soft_wrap=True)
+    stop = _interruption_of(p)
+    if stop:
+        out.print(f"Partial record: the run was {stop}; the choice below is the fastest config measured so far, "
+                  f"not re-measured or confirmed", markup=False, soft_wrap=True)
     print_result(out, result)
 
+
+def _interruption_of(path: Path) -> str:
+    """"interrupted by SIGTERM during the search phase" for a partial record, else ""."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    info = rec.get("interrupted") if isinstance(rec, dict) else None
+    if not isinstance(info, dict):
+        return ""
+    return f"interrupted by {info.get('signal', '?')} during the {info.get('phase', '?')} phase"
 
 
 

@@ -2,9 +2,9 @@
 tuning (or training) process.
 
 A package split by role: ``snapshot`` (what is served), ``shape`` (a source's reports made
-safe), ``schema`` (the pydantic models), ``guard`` (token and ``Host`` rules), ``routes`` (the
-app), ``metrics`` (Prometheus), ``page`` with ``page.html`` (the page, package data) and
-``serve`` (the uvicorn thread).
+safe), ``schema`` (the pydantic models), ``guard`` (token and ``Host`` rules), ``limits``
+(what one client may hold), ``routes`` (the app), ``metrics`` (Prometheus), ``page`` with
+``page.html`` (the page, package data) and ``serve`` (the uvicorn thread).
 
 Endpoints (all ``GET``):
 
@@ -42,6 +42,13 @@ is an attacker's name, not an address). Errors are JSON (``{"detail": ...}``, de
 the OpenAPI schema): 400 for such a ``Host``, 401 for a missing token, 404 for an unknown
 path, 422 for a bad parameter.
 
+Limits (``StatusServer(..., limits=ServerLimits(...))``; module ``limits``): one client cannot
+hold the process's memory or the server's connections. A request head over 32 KiB is 431, a
+body over 64 KiB 413, a request not received whole within 10 s of its first byte (or of the
+connection's start) 408, a connection beyond 32 open ones 503, each closing the connection;
+a connection idle 5 s between requests is closed. The OpenAPI schema does not list these
+answers: they come before any route (431, 408 and 503 before the app sees the request).
+
 Example:
     >>> from auturi.server import StatusServer, StatusSnapshot
     >>> snap = StatusSnapshot()
@@ -54,6 +61,7 @@ Example:
     >>> server.stop()
 """
 from auturi.server.guard import is_loopback
+from auturi.server.limits import ServerLimits
 from auturi.server.metrics import render_metrics
 from auturi.server.page import LINE_COLOUR, render_page
 from auturi.server.routes import create_app
@@ -61,5 +69,5 @@ from auturi.server.schema import PHASES, TRIAL_SOURCES, TRIAL_STATUSES, _models 
 from auturi.server.serve import ServerError, StatusServer
 from auturi.server.snapshot import StatusSnapshot
 
-__all__ = ["LINE_COLOUR", "PHASES", "ServerError", "StatusServer", "StatusSnapshot", "TRIAL_SOURCES", "TRIAL_STATUSES",
-           "create_app", "is_loopback", "render_metrics", "render_page"]
+__all__ = ["LINE_COLOUR", "PHASES", "ServerError", "ServerLimits", "StatusServer", "StatusSnapshot", "TRIAL_SOURCES",
+           "TRIAL_STATUSES", "create_app", "is_loopback", "render_metrics", "render_page"]

@@ -5,6 +5,7 @@ from typing import Annotated, Any, Literal
 
 from auturi._version import __version__
 from auturi.server.guard import _Guard
+from auturi.server.limits import BodyLimit, ServerLimits
 from auturi.server.metrics import render_metrics
 from auturi.server.page import render_page
 from auturi.server.schema import TRIAL_SOURCES, TRIAL_STATUSES, _models
@@ -12,8 +13,10 @@ from auturi.server.shape import _jsonable, _Reader
 
 
 def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.0.0.1",
-               hardware: Mapping[str, Any] | None = None, title: str = "Auturi status") -> Any:
-    """The FastAPI app (without a server): useful with ``fastapi.testclient.TestClient``."""
+               hardware: Mapping[str, Any] | None = None, title: str = "Auturi status",
+               max_body_bytes: int = ServerLimits.max_body_bytes) -> Any:
+    """The FastAPI app (without a server): useful with ``fastapi.testclient.TestClient``.
+    A request body over ``max_body_bytes`` is 413 (:class:`~auturi.server.limits.BodyLimit`)."""
     from fastapi import FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -110,6 +113,7 @@ def create_app(source: Any, *, token: str | None = None, bound_host: str = "127.
     if token is not None:
         _document_security(app)
     app.add_middleware(_Guard, token=token, bound_host=bound_host)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)  # added last: runs first
     return app
 
 

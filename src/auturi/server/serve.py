@@ -9,6 +9,7 @@ from typing import Any
 
 from auturi.errors import AuturiError
 from auturi.server.guard import is_loopback
+from auturi.server.limits import ServerLimits, limited_protocol
 from auturi.server.routes import create_app
 
 class ServerError(AuturiError, ValueError):
@@ -64,6 +65,16 @@ def _fast_or(fast: str, fallback: str) -> str:
     return fast if importlib.util.find_spec(fast) is not None else fallback
 
 
+def _http_protocol(limits: ServerLimits) -> type:
+    """uvicorn's HTTP/1.1 protocol class (httptools' when installed, else h11's) with
+    ``limits`` applied at the transport (:mod:`auturi.server.limits`)."""
+    if _fast_or("httptools", "h11") == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+    return limited_protocol(base, limits)
+
+
 class StatusServer:
     """Serves :func:`create_app` with uvicorn on a daemon thread of this process.
 
@@ -73,13 +84,17 @@ class StatusServer:
         port: TCP port; 0 picks a free one (see :attr:`port` after :meth:`start`).
         token: if set, every request must carry it (``Authorization: Bearer TOKEN`` or
             ``?token=TOKEN``) or gets 401.
+        limits: what one client may hold (head and body sizes, how long a request may take to
+            arrive and a connection may idle, how many connections): :class:`ServerLimits`,
+            whose defaults suit a browser, curl and Prometheus.
 
     Raises:
         ServerError: a non-loopback ``host`` without a token, or a port that cannot be bound.
     """
 
     def __init__(self, source: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None, *,
-                 title: str = "Auturi status", hardware: Mapping[str, Any] | None = None):
+                 title: str = "Auturi status", hardware: Mapping[str, Any] | None = None,
+                 limits: ServerLimits | None = None):
         if not hasattr(source, "status") or not hasattr(source, "trials"):
             raise TypeError(f"source must have status() and trials() methods (a Tuner or a StatusSnapshot), "
                             f"got {type(source).__name__}")
@@ -91,6 +106,9 @@ class StatusServer:
                               f"reach it could read it. Pass a token (--status-token / AUTURI_STATUS_TOKEN, or "
                               f"token=...) or bind 127.0.0.1")
         self.source, self.host, self.token, self.title = source, host, token, title
+        if limits is not None and not isinstance(limits, ServerLimits):
+            raise TypeError(f"limits must be an auturi.server.ServerLimits, got {type(limits).__name__}")
+        self.limits = limits or ServerLimits()
         self._requested_port = port
         self._hardware = dict(hardware) if hardware else None
         self.port: int | None = None
@@ -118,11 +136,20 @@ class StatusServer:
             from auturi.tuner.cache import hardware_fingerprint
 
             hardware = hardware_fingerprint()
-        app = create_app(self.source, token=self.token, bound_host=self.host, hardware=hardware, title=self.title)
+        lim = self.limits
+        app = create_app(self.source, token=self.token, bound_host=self.host, hardware=hardware, title=self.title,
+                         max_body_bytes=lim.max_body_bytes)
         self._sock = self._bind()
         self.port = int(self._sock.getsockname()[1])
+        # uvicorn's own limits where it has them; the rest (a head's size under httptools, a
+        # request's time to arrive, connections that never send one) in _http_protocol.
+        # limit_concurrency counts the asking connection itself (503 at >=), hence the + 1:
+        # both then allow max_connections.
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
-                                loop=_fast_or("uvloop", "asyncio"), http=_fast_or("httptools", "h11"),
+                                loop=_fast_or("uvloop", "asyncio"), http=_http_protocol(lim), ws="none",
+                                timeout_keep_alive=lim.keep_alive_timeout,  # type: ignore[arg-type] - a float works
+                                limit_concurrency=lim.max_connections + 1,
+                                h11_max_incomplete_event_size=lim.max_head_bytes + 2**20,  # a backstop: ours is first
                                 timeout_graceful_shutdown=1, server_header=False)
         self._server = _quiet_server_class()(config)
         self._thread = threading.Thread(target=self._run, name=f"auturi-status-{self.port}", daemon=True)

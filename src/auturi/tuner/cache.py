@@ -13,6 +13,14 @@ The cache keeps the latest record per (hardware, workload) key, one file each, u
 directory argument wins over all of them. A second run of the tuner measures the cached
 choice first and may stop early once that measurement confirms it.
 
+The cache is an optimisation, so it never stops a run: a directory that cannot be read or
+written (no permission, a read-only file system, a full disk, a path under a file) is one
+:class:`CacheWarning` per process and directory, naming the directory and the fix, and the
+run goes on without it. A record owned by another user is not trusted (a planted record would
+choose the first layout measured): it is skipped with a warning. A store writes a temporary
+file beside the record, syncs it and renames it over the record, so a reader never sees half
+a file, and removes the temporary file on every failure, Ctrl-C included.
+
 Example:
     >>> import tempfile
     >>> from auturi.tuner.cache import ResultsCache
@@ -30,7 +38,9 @@ import json
 import os
 import platform
 import re
-import tempfile
+import secrets
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,6 +49,17 @@ from auturi.config import Config
 
 RECORD_SCHEMA = 1
 CACHE_ENV_VAR = "AUTURI_CACHE_DIR"
+TMP_PREFIX = ".tmp-"
+"""Temporary files of an atomic write start with this (and are removed on every failure)."""
+
+
+class CacheWarning(UserWarning):
+    """The results cache could not be used (a directory that cannot be read or written, a
+    record someone else owns); the run goes on without it."""
+
+
+_warned_dirs: set[str] = set()  # directories this process has warned about (one warning each)
+_warned_lock = threading.Lock()
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -84,8 +105,21 @@ def hardware_fingerprint() -> dict[str, Any]:
             "platform": f"{platform.system()}-{platform.machine()}"}
 
 
+def _unwrapped(fn: Any) -> Any:
+    """The factory inside an :class:`auturi.envs.ProcessTreeEnvFn` (the wrapper every env
+    factory gets): the wrapper's own name would give every env the same cache key."""
+    try:
+        from auturi.envs import ProcessTreeEnvFn
+    except ImportError:
+        return fn
+    while type(fn) is ProcessTreeEnvFn and getattr(fn, "fn", None) is not None:  # subclasses name themselves
+        fn = fn.fn
+    return fn
+
+
 def describe_callable(fn: Any) -> str:
     """A stable name for an env factory or model factory (no memory addresses)."""
+    fn = _unwrapped(fn)
     env_id = getattr(fn, "env_id", None)
     if isinstance(env_id, str):  # auturi.envs._MakeById: gym.make(id)
         kw = getattr(fn, "kwargs", None)
@@ -160,13 +194,25 @@ def fingerprint_key(hardware: dict[str, Any], workload: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------- records
 def save_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``record`` as JSON, atomically (a reader never sees half a file)."""
+    """Write ``record`` as JSON, atomically (a reader never sees half a file): a temporary
+    file in the same directory, flushed to disk, then renamed over ``path``. The temporary file
+    is removed on every failure, a ``KeyboardInterrupt`` included.
+
+    Raises:
+        OSError: the directory cannot be made or written (permission, read-only, disk full).
+        ValueError: the record holds a value JSON cannot carry (NaN, infinity).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    # The name is chosen before the try, the file made inside it (O_EXCL): there is no moment
+    # at which the file exists but the clean-up below would not run.
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=1, sort_keys=False, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the rename makes it the record
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -174,7 +220,23 @@ def save_record(record: dict[str, Any], path: str | os.PathLike) -> Path:
         except OSError:
             pass
         raise
+    _fsync_dir(path.parent)
     return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable where the platform allows it (best effort: the
+    record is already complete; only a power cut could undo the rename)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_record(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -307,8 +369,36 @@ def resolve_cache_dir(directory: str | os.PathLike | None = None) -> Path:
     return base / "auturi"
 
 
+def _warn_directory(directory: Path, what: str, error: BaseException) -> None:
+    """One :class:`CacheWarning` per process and directory: what failed, why, and the fix."""
+    key = str(directory)
+    with _warned_lock:
+        if key in _warned_dirs:
+            return
+        _warned_dirs.add(key)
+    reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    warnings.warn(f"the Auturi results cache {directory} cannot be {what} ({reason}); going on without it. "
+                  f"Set {CACHE_ENV_VAR}=/a/writable/dir to cache elsewhere, or turn the cache off "
+                  f"(auturi tune --no-cache; cache=False in auturi.tune or Tuner; "
+                  f"tuner_options={{'cache': False}} in auturi.wrap)", CacheWarning, stacklevel=3)
+
+
+def _is_ours(st: os.stat_result) -> bool:
+    """True when this process's user owns the file ``st`` describes (always, where the
+    platform has no user ids)."""
+    getuid = getattr(os, "getuid", None)
+    return getuid is None or st.st_uid == getuid()
+
+
 class ResultsCache:
-    """The latest record per (hardware, workload) fingerprint, one JSON file each."""
+    """The latest record per (hardware, workload) fingerprint, one JSON file each.
+
+    Neither :meth:`load` nor :meth:`store` raises ``OSError``: a cache that cannot be used is
+    a :class:`CacheWarning` and the run goes on (see the module's notes)."""
+
+    STALE_TMP_SECONDS = 600.0
+    """A temporary file this old was left by a process killed mid-store (SIGKILL): removed by
+    the next store. A store takes milliseconds, so no live one is this old."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = resolve_cache_dir(directory)
@@ -317,15 +407,30 @@ class ResultsCache:
         return self.directory / f"{fingerprint_key(hardware, workload)}.json"
 
     def load(self, hardware: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any] | None:
-        """The cached record, or None (also, with a warning naming the file and the problem,
-        for an unreadable file or an invalid record: see :func:`check_record`)."""
+        """The cached record, or None: none there, the directory cannot be read (one
+        :class:`CacheWarning` per directory), or, with a warning naming the file and the
+        problem, an unreadable or invalid record (see :func:`check_record`) or one another
+        user owns."""
         p = self.path(hardware, workload)
-        if not p.exists():
-            return None
         try:
             with open(p) as f:
-                rec = json.load(f)
-        except (OSError, ValueError) as e:
+                st = os.fstat(f.fileno())  # the file read, not whatever the name points at later
+                if not _is_ours(st):
+                    me = os.getuid()  # _is_ours is only False where there are user ids
+                    warnings.warn(f"ignoring Auturi cache file {p}: it belongs to user id {st.st_uid}, not to you "
+                                  f"({me}), and a record someone else wrote could choose what your run measures "
+                                  f"first. Delete it, or set {CACHE_ENV_VAR} to a directory only you can write",
+                                  CacheWarning, stacklevel=2)
+                    return None
+                text = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # nothing cached (yet); a path under a file fails again, with the warning, in store()
+        except OSError as e:
+            _warn_directory(self.directory, "read", e)
+            return None
+        try:
+            rec = json.loads(text)
+        except ValueError as e:
             warnings.warn(f"ignoring unreadable Auturi cache file {p} ({e}); delete it to silence this",
                           stacklevel=2)
             return None
@@ -337,13 +442,39 @@ class ResultsCache:
             return None
         return rec
 
-    def store(self, record: dict[str, Any]) -> Path:
-        """Save ``record`` (it must hold ``hardware`` and ``workload``) under its key."""
+    def store(self, record: dict[str, Any]) -> Path | None:
+        """Save ``record`` (it must hold ``hardware`` and ``workload``) under its key; returns
+        the file, or None when it could not be written (one :class:`CacheWarning` per
+        directory: permission, read-only file system, full disk, ...; nothing is left behind).
+
+        Raises:
+            ValueError: the record has no fingerprints, or holds NaN (a bug, not the disk).
+        """
         try:
             hw, wl = record["hardware"], record["workload"]
         except KeyError as e:
             raise ValueError(f"a results record needs 'hardware' and 'workload' fingerprints; missing {e}") from None
-        return save_record(record, self.path(hw, wl))
+        try:
+            path = save_record(record, self.path(hw, wl))
+        except OSError as e:
+            _warn_directory(self.directory, "written", e)
+            return None
+        self._remove_stale_tmp()
+        return path
+
+    def _remove_stale_tmp(self) -> None:
+        """Remove our temporary files that a killed process left (see ``STALE_TMP_SECONDS``)."""
+        now = time.time()
+        try:
+            for p in self.directory.glob(f"{TMP_PREFIX}*.json"):
+                try:
+                    st = p.lstat()
+                    if _is_ours(st) and now - st.st_mtime > self.STALE_TMP_SECONDS:
+                        p.unlink()
+                except OSError:
+                    pass
+        except OSError:
+            pass
 
     def best(self, hardware: dict[str, Any], workload: dict[str, Any]) -> tuple[Config, float | None] | None:
         """The cached choice and its measured throughput, or None."""
