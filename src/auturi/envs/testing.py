@@ -2,7 +2,9 @@
 
 Deterministic and cheap (:class:`CountingEnv` and its variants), or with a controlled cost
 (:class:`SlowEnv`, :class:`HeavyTailEnv`, :class:`LargeObsEnv`) or fault (:class:`FaultyEnv`).
-Tests, the bench and the docs use them; :mod:`auturi.envs` re-exports them.
+Tests, the bench and the docs use them; :mod:`auturi.envs` re-exports them. The id
+``auturi/EmulatedSim-v0`` names :class:`auturi.testing.emulated_sim.EmulatedSimEnv` (a simulator
+on other cores, emulated by waiting), imported only when that id is made.
 
 This module must not import torch: env workers import it.
 """
@@ -188,3 +190,7 @@ for _name, _cls in (("Counting", "CountingEnv"), ("Slow", "SlowEnv"), ("HeavyTai
                     ("LargeObs", "LargeObsEnv"), ("ActionDtype", "ActionDtypeEnv")):
     if f"auturi/{_name}-v0" not in gym.registry:
         gym.register(f"auturi/{_name}-v0", entry_point=f"auturi.envs.testing:{_cls}")
+# The emulated simulator (a test and bench tool, auturi.testing): registered by its entry point's
+# name only, so `import auturi` never imports it; gym.make imports it when the id is made.
+if "auturi/EmulatedSim-v0" not in gym.registry:
+    gym.register("auturi/EmulatedSim-v0", entry_point="auturi.testing.emulated_sim:EmulatedSimEnv")
