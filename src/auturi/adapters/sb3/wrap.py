@@ -1,5 +1,5 @@
 """``auturi.wrap(model)`` for SB3: :func:`wrap_sb3` checks the model, recovers its envs
-(:mod:`.envs`), builds the policy adapter (:mod:`.policy`), the executor and the online tuner
+(:mod:`.recover`), builds the policy adapter (:mod:`.policy`), the executor and the online tuner
 (:func:`auturi.adapters.common.build_collector`), and replaces the instance's
 ``collect_rollouts`` with the on-policy (:mod:`.on_policy`) or off-policy (:mod:`.off_policy`)
 replay; :func:`unwrap_sb3` undoes it."""
@@ -13,16 +13,10 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.common import build_collector, check_face_options, ray_kwargs, resolve_budget, resolve_seed
-from auturi.adapters.sb3.envs import (
-    ENV_FN_HINT,
-    EnvFactory,
-    EnvRebuildError,
-    factories_from_vecenv,
-    same_space,
-    split_vec_wrappers,
-)
+from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
 from auturi.adapters.sb3.handle import SB3Handle
 from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
+from auturi.adapters.sb3.recover import factories_from_vecenv, same_space, split_vec_wrappers
 from auturi.config import Config
 from auturi.errors import AuturiError
 
@@ -93,7 +87,11 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
             loopback port (``auturi.server``; 0 picks a free one, see ``model.auturi.server.url``).
         env_fn: a zero-argument callable returning one ``gymnasium.Env`` as the model's
             VecEnv builds each env (Monitor included, VecEnv wrappers excluded), or a list
-            of ``n_envs`` of them. Needed when the envs cannot be rebuilt from the model.
+            of ``n_envs`` of them. Needed only when the envs cannot be rebuilt from the
+            model's VecEnv (:func:`auturi.adapters.sb3.recover.factories_from_vecenv`): a
+            ``DummyVecEnv``'s envs are read here, a ``SubprocVecEnv``'s in its own worker
+            processes, which stay as they are (the model's VecEnv is the user's: ``unwrap``
+            gives it back, ``model.env.close()`` ends them).
         seed: env ``i`` is seeded ``seed + i`` and the exploration noise is keyed by it.
             Default: ``model.seed``, else the VecEnv's pending seeds, else a random one.
         deterministic: act with the mode of the action distribution (for tests/evaluation;
