@@ -158,7 +158,10 @@ def test_ctrl_c_and_sigterm_leave_nothing_behind(sig):
     try:
         _, err = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        p.kill()  # the script and, as its parent dies, its workers: a failed test leaves no collector running
+        # SIGKILL: the script's workers then leave by themselves (they watch it, whoever their
+        # parent is: processes.exit_with_owner), so a failed test leaves no collector running,
+        # and the communicate() below ends (the workers hold the script's pipes until they exit)
+        p.kill()
         p.communicate()
         raise
     finally:
@@ -168,7 +171,7 @@ def test_ctrl_c_and_sigterm_leave_nothing_behind(sig):
     else:
         assert p.returncode == 128 + signal.SIGTERM, err
     assert "SemLock" not in err and "FileNotFoundError" not in err and "Exception ignored" not in err, err
-    deadline = time.monotonic() + 10  # daemons notice their parent's exit on their own
+    deadline = time.monotonic() + 10  # the forkservers and the tracker end once their pipes' last holders are gone
     alive = pids
     while alive and time.monotonic() < deadline:
         alive = [q for q in pids if psutil.pid_exists(q) and psutil.Process(q).status() != psutil.STATUS_ZOMBIE]

@@ -11,7 +11,12 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
+import time
 
+import cloudpickle
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from auturi import AuturiError, Config, WorkerError, make_executor
@@ -127,3 +132,83 @@ def test_a_killed_replica_surfaces_while_the_other_keeps_the_actor_busy(tmp_path
     with pytest.raises(WorkerError, match=r"policy replica \d.*SIGKILL"):
         ex.collect(steps)
     assert _StepCounter.steps < steps, _StepCounter.steps
+
+
+# ----------------------------------------------------------------- what worker_timeout bounds
+class _SlowOutsideCaller(gym.Env):
+    """Slow only outside the caller's process (``main_pid``), where the executor watches it:
+    its first reset takes ``first_reset`` seconds, every step ``step`` seconds, and step number
+    ``stall_at`` (counted from 1) ``stall`` seconds instead."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, main_pid: int, first_reset: float = 0.0, step: float = 0.0, stall_at: int = 0,
+                 stall: float = 0.0):
+        self.main_pid, self.first_reset, self.step_seconds = main_pid, first_reset, step
+        self.stall_at, self.stall, self.steps, self.resets = stall_at, stall, 0, 0
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds and os.getpid() != self.main_pid:
+            time.sleep(seconds)
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        self._sleep(self.first_reset if self.resets == 1 else 0.0)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        self._sleep(self.stall if self.steps == self.stall_at else self.step_seconds)
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this test module
+
+SUM_TIMEOUT = 1.0
+
+
+@pytest.mark.parametrize("config", [Config(num_actors=1, envs_per_actor=8, env_parallel_degree=2),
+                                    Config(num_actors=2, envs_per_actor=4)],
+                         ids=["env_worker_with_4_envs", "actor_process_with_4_envs"])
+def test_worker_timeout_bounds_one_envs_silence_not_the_sum_over_a_workers_envs(config):
+    """Each env of a watched process steps in 0.4 s, its 4 envs in 1.6 s, one after the other:
+    at a 1 s timeout that process is not stuck (before: it was, since its progress counted
+    only finished commands, so 2 envs x a 10 s reset tripped a 12 s timeout)."""
+    fn = functools.partial(_SlowOutsideCaller, os.getpid(), step=0.4)
+    with make_executor(fn, ObsHashPolicy(fn().action_space), num_envs=8, config=config, backend="shm",
+                       worker_timeout=SUM_TIMEOUT) as ex:
+        r = ex.collect(1)
+    assert r.rewards.shape == (1, 8)
+
+
+def test_one_env_silent_past_the_timeout_is_stuck_beside_a_busy_one():
+    """The other side: env 3 (in the env worker with env 2, which steps at once) is silent for
+    3 s at a 1 s timeout: the worker's progress after env 2 does not hide it."""
+    config = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
+    main = os.getpid()
+    fns = [functools.partial(_SlowOutsideCaller, main)] * 3 + [functools.partial(_SlowOutsideCaller, main,
+                                                                                 stall_at=1, stall=3.0)]
+    ex = make_executor(fns, ObsHashPolicy(fns[0]().action_space), num_envs=4, config=config, backend="shm",
+                       worker_timeout=SUM_TIMEOUT)
+    with pytest.raises(WorkerError) as e:
+        ex.collect(1)
+    assert e.value.worker == "env worker 1 of actor 0 (envs 2-3)" and "made no progress" in e.value.reason
+    assert "in step" in e.value.stack
+
+
+@pytest.mark.parametrize("config", [Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2),
+                                    Config(num_actors=2, envs_per_actor=2)],
+                         ids=["env_worker", "actor_process"])
+def test_first_resets_get_the_start_up_allowance(config):
+    """An env's first reset (a simulator loading its scene) is start-up work: 1.5 s at a 1 s
+    timeout passes, as building the envs does (``START_TIMEOUT_FLOOR``); before, it was a
+    WorkerError. The allowance ends with the first resets: a 3 s step of the same env is stuck.
+    Env 3 is the slow one, in the env worker (envs 2-3) or in the second actor's process."""
+    plain = functools.partial(_SlowOutsideCaller, os.getpid())
+    fns = [plain] * 3 + [functools.partial(plain, first_reset=1.5, stall_at=3, stall=3.0)]
+    ex = make_executor(fns, ObsHashPolicy(plain().action_space), num_envs=4, config=config, backend="shm",
+                       worker_timeout=SUM_TIMEOUT)
+    ex.collect(2)
+    with pytest.raises(WorkerError, match="made no progress"):
+        ex.collect(2)

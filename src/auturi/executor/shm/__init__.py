@@ -8,7 +8,9 @@ Process layout for a config (the caller's process is "main"), as the layout plan
   steps the first share itself and ``d - 1`` env worker processes step the others.
 - ``policies_per_actor > 1``: that many replica processes per actor; 1: inference runs in
   the actor's process.
-Main creates every process and every shared block, so it alone ends and unlinks them.
+Main creates every process and every shared block, so it alone ends and unlinks them; when
+main is killed outright (SIGKILL), each worker sees it gone and exits, and the resource
+tracker that main's processes share unlinks what main left (``processes.exit_with_owner``).
 Workers start through ``forkserver`` (``AUTURI_START_METHOD`` may say ``spawn``): never
 ``fork``, which breaks CUDA and copies the caller's threads.
 

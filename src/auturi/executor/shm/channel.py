@@ -40,15 +40,17 @@ NUM_STEPS = 1  # rows of the current rollout block
 WEIGHTS_VERSION = 2  # version of the weights published in the weights block
 CLOSING = 3  # the caller is closing this layout
 BEAT = 4  # the progress word of an actor running in the caller's process (see Waiter)
+OWNER = 5  # the pid of the process that made the block: workers exit when it is gone (processes.exit_with_owner)
 # status
 OK, ERROR = 0, 1
 ERR_BYTES = 16384
 NAME_BYTES = 128
 POLL_SECONDS = 0.1  # how often a blocked waiter checks that its peers are alive
 START_TIMEOUT_FLOOR = 60.0
-"""Building envs and policies at start-up (a simulator's launch, torch's first import in the
-forkserver) is bounded by ``max(worker_timeout, START_TIMEOUT_FLOOR)``: a short timeout meant
-for steps must not fail a slow start."""
+"""Start-up work is bounded by ``max(worker_timeout, START_TIMEOUT_FLOOR)``: building envs and
+policies (a simulator's launch, torch's first import in the forkserver) and each env's first
+reset (many simulators load their level or scene there). A short timeout meant for steps must
+not fail a slow start."""
 DUMP_SECONDS = 2.0  # longest wait for a stuck process's faulthandler dump
 DUMP_SIGNAL = signal.SIGUSR1
 SPIN_SECONDS = 1e-3
@@ -84,7 +86,7 @@ def acquire(sem: Any, spin: float, timeout: float) -> bool:
 def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], Any]]:
     W = max(num_slots, 1)
     return [
-        ("hdr", (8,), np.int64),  # DATA_GEN, NUM_STEPS, WEIGHTS_VERSION, CLOSING, BEAT
+        ("hdr", (8,), np.int64),  # DATA_GEN, NUM_STEPS, WEIGHTS_VERSION, CLOSING, BEAT, OWNER
         ("names", (2, NAME_BYTES), np.uint8),  # 0: rollout block name, 1: weights block name
         ("cmd", (W,), np.int64),
         ("arg", (W,), np.int64),
@@ -92,7 +94,10 @@ def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], 
         ("seq", (W,), np.int64),
         ("status", (W,), np.int64),
         ("nfinal", (W,), np.int64),
-        ("beat", (W,), np.int64),  # an actor's progress: rows stepped, waits returned, polls while waiting
+        # progress besides finished commands: an actor's rows, waits returned and polls while
+        # waiting; every env host's envs, one by one (each reset or step that returns)
+        ("beat", (W,), np.int64),
+        ("starting", (W,), np.int64),  # 1 while the worker resets new envs for the first time (start-up work)
         ("pid", (W,), np.int64),
         ("dumpfd", (W,), np.int64),  # the fd faulthandler dumps the worker's stack to (DUMP_SIGNAL)
         ("timing", (W, 3), np.float64),  # cumulative env, policy, wait seconds
@@ -217,11 +222,17 @@ class RemoteLane:
 class Waiter:
     """Blocks on one done-semaphore until lanes it expects finish; between polls it calls
     ``check_health`` (which raises if a peer died), so a dead worker never hangs us, and
-    looks for a stuck one: an expected lane whose progress (``seq`` plus, for an actor,
-    ``beat``) has not moved for ``timeout`` seconds is a :class:`WorkerError` carrying its
-    Python stack. Only lanes found unchanged at two checks ``timeout`` apart are stuck, so no
-    clock is read on the fast path; health is also checked every ``POLL_SECONDS`` while
-    waits succeed (a busy actor whose waits never time out still sees a dead replica).
+    looks for a stuck one: an expected lane whose progress (``seq`` plus ``beat``) has not
+    moved for ``timeout`` seconds is a :class:`WorkerError` carrying its Python stack. Only
+    lanes found unchanged at two checks ``timeout`` apart are stuck, so no clock is read on
+    the fast path; health is also checked every ``POLL_SECONDS`` while waits succeed (a busy
+    actor whose waits never time out still sees a dead replica).
+
+    What ``timeout`` bounds is one env's silence, not a command's: an env host bumps its
+    ``beat`` after each single env's reset or step returns (``EnvRunner.on_progress``), so a
+    worker stepping 2 envs of 10 s each in one command is not stuck at a 12 s timeout. A lane
+    whose ``starting`` word is set (its envs' first resets) is allowed
+    ``max(timeout, START_TIMEOUT_FLOOR)``.
 
     ``beat`` (an int64 memoryview and an index) is this process's own progress word: a poll
     that times out bumps it, telling whoever waits for us that we are alive and waiting (our
@@ -292,12 +303,14 @@ class Waiter:
         self._seen[slots] = progress
         self._since[slots[moved]] = now
         idle = now - self._since[slots]
-        stuck = slots[~moved & (idle > self.timeout)]
-        if len(stuck):
-            slot = int(stuck[0])
+        limit = np.where(ctrl["starting"][slots] != 0, max(self.timeout, START_TIMEOUT_FLOOR), self.timeout)
+        stuck = ~moved & (idle > limit)
+        if stuck.any():
+            k = int(np.flatnonzero(stuck)[0])
+            slot = int(slots[k])
             lane = self._lanes.get(slot)
-            raise stuck_error(ctrl, slot, lane.name if lane else f"worker {slot}", float(idle[slots == slot][0]),
-                              self.timeout, self.config, self.kill_stuck)
+            raise stuck_error(ctrl, slot, lane.name if lane else f"worker {slot}", float(idle[k]),
+                              self.timeout, self.config, self.kill_stuck, starting=bool(ctrl["starting"][slot]))
 
     def __call__(self) -> list[RemoteLane]:
         """Wait until at least one expected lane finished; return the finished lanes."""
@@ -359,11 +372,14 @@ class Waiter:
 
 
 def stuck_error(ctrl: ArrayBlock, slot: int, name: str, idle: float, timeout: float, config: Any,
-                kill: bool = False) -> WorkerError:
+                kill: bool = False, starting: bool = False) -> WorkerError:
     """The :class:`WorkerError` for the worker of ``slot``, idle for ``idle`` seconds, with its
-    stack; ``kill`` then SIGKILLs it (it would not honour EXIT, and the layout is ending)."""
+    stack; ``kill`` then SIGKILLs it (it would not honour EXIT, and the layout is ending).
+    ``starting``: it was in its envs' first resets (allowed ``START_TIMEOUT_FLOOR`` at least)."""
     pid, fd = int(ctrl["pid"][slot]), int(ctrl["dumpfd"][slot])
     note, stack = process_stack(pid, fd)
+    if starting:
+        note = f" in its envs' first reset (start-up work, allowed at least {START_TIMEOUT_FLOOR:g} s){note}"
     if kill and pid > 0:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -455,10 +471,11 @@ class RowGroup:
 
 
 def parent_watch(ctrl: ArrayBlock | None = None) -> Callable[[], None]:
-    """A health check for a worker: exit quietly once the process that made it is gone, or
-    (given the control block) once the caller has started closing the layout; an actor
-    waiting mid-collect for workers that already left learns it here, instead of by a
-    signal after the caller's grace period."""
+    """A health check for a worker: exit quietly once the process that forked it (a
+    forkserver; the caller under ``spawn``) is gone, or (given the control block) once the
+    caller has started closing the layout; an actor waiting mid-collect for workers that
+    already left learns it here, instead of by a signal after the caller's grace period. The
+    caller's own death, however it died, is watched apart (``processes.exit_with_owner``)."""
     ppid = os.getppid()
     hdr = None if ctrl is None else ctrl["hdr"]
 

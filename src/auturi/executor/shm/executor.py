@@ -38,10 +38,10 @@ from auturi.executor.buffers import ArrayBlock, WeightsBlock
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.shm import processes
-from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, POLL_SECONDS,
+from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, POLL_SECONDS,
                                          REPLAN, SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION,
-                                         RemoteLane,
-                                         Semaphore, Waiter, control_specs, read_error, stuck_error, write_name)
+                                         RemoteLane, Semaphore, Waiter, control_specs, read_error, stuck_error,
+                                         write_name)
 from auturi.executor.shm.processes import Slot, get_context
 from auturi.executor.shm.worker import ActorHost, worker_main
 
@@ -56,11 +56,18 @@ class ShmExecutor(Executor):
     Args (besides the :class:`Executor` ones):
         start_method: ``"forkserver"`` (default) or ``"spawn"``.
 
-    ``worker_timeout`` (see :class:`Executor`): every waiter (the caller, each actor) checks
-    at its 0.1 s polls that the workers it waits for progressed; the innermost stuck process
-    is the one named (an actor waiting on a stuck worker counts as alive). Start-up waits at
-    least ``channel.START_TIMEOUT_FLOOR``. The caller's own thread (it steps the first actor's
-    first env share) is not watched: nothing above it could report it.
+    ``worker_timeout`` (see :class:`Executor`) bounds one env's silence: every waiter (the
+    caller, each actor) checks at its 0.1 s polls that the workers it waits for progressed,
+    where a worker progresses each time one of its envs' resets or steps returns (not only
+    when its whole command is done: 2 envs x a 10 s reset are not stuck at a 12 s timeout),
+    and an actor also while it waits. The innermost stuck process is the one named (an actor
+    waiting on a stuck worker counts as alive). Start-up work (building envs and policies,
+    each env's first reset) is allowed ``max(worker_timeout, channel.START_TIMEOUT_FLOOR)``.
+    The caller's own thread (it steps the first actor's first env share) is not watched:
+    nothing above it could report it.
+
+    Workers leave on their own when the caller is gone, however it died (SIGKILL included),
+    and its segments and named semaphores are unlinked then (``processes.exit_with_owner``).
     """
 
     backend = "shm"
@@ -313,6 +320,7 @@ class ShmExecutor(Executor):
         slots = max(MIN_SLOTS, 2 * config.num_processes)
         self._ctrl = ArrayBlock.create(control_specs(slots, self.num_envs), shared=True)
         self._ctrl["dumpfd"][:] = -1  # until each worker registers its stack dump
+        self._ctrl["hdr"][OWNER] = os.getpid()  # workers leave when this process is gone, however it died
         self._write_header()
         if self._weights is None:
             state = self.policy.get_state()
@@ -384,7 +392,7 @@ class ShmExecutor(Executor):
         ctrl = self._ctrl
         assert ctrl is not None
         s = self._workers[i] = Slot(p.kind, p.name, self._semaphore())
-        for k in ("seq", "status", "nfinal", "beat", "cmd", "arg", "pid"):
+        for k in ("seq", "status", "nfinal", "beat", "starting", "cmd", "arg", "pid"):
             ctrl[k][i] = 0
         ctrl["timing"][i] = 0
         ctrl["dumpfd"][i] = -1

@@ -1,8 +1,12 @@
 """Process entry points of the ``shm`` backend (env workers, policy replicas, actors) and
 :class:`ActorHost`, the actor's side of the hierarchy, used in an actor process or, when
-there is one actor, in the caller's process."""
+there is one actor, in the caller's process.
+
+Over 400 lines: the entry point, the serve loops and :class:`ActorHost` are one process's side
+of the control block's protocol (commands, ``seq``, ``beat``, ``starting``), read together."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import math
@@ -10,7 +14,7 @@ import os
 import signal
 import sys
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 import numpy as np
@@ -22,9 +26,10 @@ from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, REPLAN, RESET, STEP_ROW,
-                                         THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire, parent_watch,
-                                         read_name, write_error)
+from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, REPLAN, RESET,
+                                         STEP_ROW, THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire,
+                                         parent_watch, read_name, write_error)
+from auturi.executor.shm.processes import exit_with_owner, sigterm_exits
 from auturi.executor.spec import WorkloadSpec
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -118,6 +123,9 @@ class ActorHost:
         self._lanes, self._beat = (env_lanes, pol_lanes), beat
         self.loop = self._loop(plan)
         self.fresh = True
+        # this actor's control-block slot when it runs in a process of its own (whoever waits
+        # for it reads its ``starting`` word); None in the caller's process, which nobody watches
+        self.slot: int | None = None
 
     def _loop(self, plan: ActorPlan) -> ActorLoop:
         return ActorLoop(plan.env_ids, *self._lanes, plan.batch_size, self.waiter,
@@ -161,10 +169,13 @@ class ActorHost:
 
     def _collect(self, num_steps: int) -> None:
         if self.fresh:  # a new host: the envs not reset yet (new ones) reset first; live ones go on
-            if self.local_envs.fresh:
-                self.local_envs.reset_all()
+            # the workers' first resets run while this process does its own (one after the
+            # other, a worker's and ours added up)
             for lane in self.remote_env_lanes:
                 lane.command(RESET)
+            if self.local_envs.fresh:
+                with starting(self.ctrl, self.slot):
+                    self.local_envs.reset_all()
             self.waiter.wait_all([])
             self.fresh = False
         self.loop.run(num_steps)
@@ -176,6 +187,36 @@ class ActorHost:
 
     def close(self) -> None:
         self.local_envs.close()
+
+
+@contextlib.contextmanager
+def starting(ctrl: ArrayBlock, slot: int | None) -> Iterator[None]:
+    """Mark the worker of ``slot`` (None: the caller's process, which nobody watches) as doing
+    start-up work for the block: its envs' first resets, which the waiter above it allows
+    ``max(worker_timeout, START_TIMEOUT_FLOOR)`` (``channel.Waiter``)."""
+    words = ctrl["starting"] if slot is not None else None
+    if words is not None:
+        words[slot] = 1
+    try:
+        yield
+    finally:
+        if words is not None:
+            words[slot] = 0
+
+
+def report_progress(runner: Any, ctrl: ArrayBlock, slot: int) -> None:
+    """Have ``runner`` bump this worker's ``beat`` after each single env's reset or step
+    returns (``EnvRunner.on_progress``), so ``worker_timeout`` bounds one env's silence, not
+    the sum over the envs one command steps (2 envs x a 10 s reset tripped a 12 s timeout).
+    A runner of one env needs none: the command's own report follows that env's return."""
+    if len(getattr(runner, "env_ids", ())) < 2:
+        return
+    beat = memoryview(ctrl["beat"])  # plain CPython word access: ~60 ns a bump, per env step
+
+    def bump() -> None:
+        beat[slot] += 1
+
+    runner.on_progress = bump
 
 
 # --------------------------------------------------------------------------- processes
@@ -223,6 +264,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     """Entry point of every worker process. ``kind`` is ``env``, ``policy`` or ``actor``."""
     # Ctrl-C reaches the whole process group; the caller handles it and ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sigterm_exits()  # SIGTERM (the caller's, or our own when the owner is gone) unwinds: envs close
     keep_freed_memory()
     for var in THREAD_VARS:
         os.environ[var] = "1"
@@ -237,6 +279,9 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     try:
         ctrl = ArrayBlock.attach(ctrl_handle)
     except FileNotFoundError:  # the caller closed the layout while we started (Ctrl-C): nothing to report
+        return
+    if not exit_with_owner(int(ctrl["hdr"][OWNER])):  # the caller died while we started
+        ctrl.close()
         return
     ctrl["pid"][slot] = os.getpid()
     ctrl["dumpfd"][slot] = register_stack_dump()
@@ -260,11 +305,13 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             live = {i: cloudpickle.loads(b) for i, b in info["live"].items() if b}  # envs moved here mid-episode
             envs = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"], info["id_offset"],
                                    live)
+            report_progress(envs, ctrl, slot)
             if kind == "env":
                 obj = envs
             else:
                 obj = ActorHost(info["plan"], envs, policy, ctrl, info["lanes"], done_sem, check_parent,
                                 info["config"], info["spin"], info["timeout"], (memoryview(ctrl["beat"]), slot))
+                obj.slot = slot
                 if obj.local_policy is not None:
                     _set_torch_threads(info["threads"])
                 done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
@@ -326,7 +373,8 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
                 data.sync(obj)
                 if cmd == RESET:
                     if obj.fresh:  # a kept worker's envs go on under a new host
-                        obj.reset_all()
+                        with starting(ctrl, slot):
+                            obj.reset_all()
                 else:
                     n = int(ntask[slot])
                     obj.step(tasks[slot, :n, 0], tasks[slot, :n, 1])
