@@ -19,12 +19,15 @@ envstep   env-parallel scaling, N = 1..64 CartPoles with constant actions (:mod:
 actors    actor scaling on the ``slow`` workload, 4 envs per actor: Auturi ``num_actors`` = 1..k
           against RLlib ``num_env_runners`` = 1..k.
 
-Outputs: ``<out>/<name>.json`` (every sample), ``<out>/<name>.md`` (the tables), PNG plots in
-``docs/img/`` (``<out>/`` with ``--no-docs``) and the tables spliced into
-``docs/benchmarks.md`` between ``<!-- bench:begin -->`` and ``<!-- bench:end -->`` (not with
-``--no-docs``).
+Outputs: ``<out>/<name>.json`` (every sample), ``<out>/<name>.md`` (the tables) and the PNG
+plots, in a folder of their own: ``--out DIR``, by default ``bench/results/runs/<date>-<time>/``.
+Nothing tracked changes unless asked: with ``--update-docs`` the JSON and markdown go to
+``bench/results/`` (the records the page cites; ``--out`` still wins), the PNGs to ``docs/img/``
+and the tables are spliced into ``docs/benchmarks.md`` between ``<!-- bench:begin -->`` and
+``<!-- bench:end -->`` (the README's ``python -m bench --quick`` rewrote the tracked page and
+its plots, 2026-11-26).
 
-Run: python -m bench [--quick] [--workloads cartpole slow] [--rounds 5] [--out DIR] [--no-docs]
+Run: python -m bench [--quick] [--workloads cartpole slow] [--rounds 5] [--out DIR] [--update-docs]
 (also ``auturi bench ...`` from a source checkout).
 
 Over 400 lines because the four sections' drivers share :class:`Sizing`, :class:`Progress` and
@@ -364,17 +367,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per measurement (default 5; --quick 3)")
     ap.add_argument("--tune-seconds", type=float, help="the model strategy's search budget per workload")
-    ap.add_argument("--out", type=Path, default=REPO / "bench/results", help="directory of the JSON and markdown")
+    ap.add_argument("--out", type=Path, help="folder of the JSON, the markdown and the plots (default: a new "
+                                             "bench/results/runs/<date>-<time>/; with --update-docs: bench/results/)")
     ap.add_argument("--name", help="file stem of the outputs (default: bench, bench_quick or bench_smoke)")
-    ap.add_argument("--no-docs", action="store_true",
-                    help="leave docs/ alone: PNGs go to --out too, docs/benchmarks.md is not touched")
-    ap.add_argument("--docs", type=Path, default=REPO / "docs/benchmarks.md", help="the page to splice the tables into")
+    docs = ap.add_mutually_exclusive_group()
+    docs.add_argument("--update-docs", action="store_true",
+                      help="also update the docs: splice the tables into --docs, the plots into docs/img/")
+    docs.add_argument("--no-docs", action="store_true",
+                      help="leave docs/ alone (the default; kept for older command lines)")
+    ap.add_argument("--docs", type=Path, default=REPO / "docs/benchmarks.md",
+                    help="the page --update-docs splices the tables into")
     ap.add_argument("--note", default="", help="a sentence printed under the generated heading (e.g. how busy the "
                                                "machine was)")
     args = ap.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         ap.error("--rounds must be >= 1")
     return args
+
+
+def outputs(args: argparse.Namespace, stamp: str | None = None) -> tuple[Path, Path | None]:
+    """Where a run writes: (the folder of its JSON, markdown and plots, the docs page to
+    splice or ``None``). Only ``--update-docs`` touches tracked files.
+
+    >>> out, page = outputs(parse_args(["--quick"]), stamp="2026-11-26-120000")
+    >>> out.relative_to(REPO).as_posix(), page
+    ('bench/results/runs/2026-11-26-120000', None)
+    >>> out, page = outputs(parse_args(["--update-docs"]))
+    >>> out.relative_to(REPO).as_posix(), page.relative_to(REPO).as_posix()
+    ('bench/results', 'docs/benchmarks.md')
+    """
+    if args.update_docs:
+        return (args.out or REPO / "bench/results"), args.docs
+    return (args.out or REPO / "bench/results/runs" / (stamp or time.strftime("%Y-%m-%d-%H%M%S"))), None
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout where it is inside it."""
+    return path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else str(path)
 
 
 def command_line(argv: list[str]) -> str:
@@ -459,12 +488,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     from bench import report
 
-    paths = report.write(res, out_dir=args.out, docs=None if args.no_docs else args.docs)
+    out_dir, page = outputs(args)
+    paths = report.write(res, out_dir=out_dir, docs=page)
     print()
     print(paths["markdown_text"])
     print()
     for k, v in paths.items():
         if k != "markdown_text":
             print(f"{k}: {v}")
+    if page is None:
+        print(f"docs/ left as it was (--update-docs splices these tables into {_shown(args.docs)})")
     print(f"done in {res['seconds'] / 60:.1f} min", flush=True)
     return res

@@ -21,19 +21,30 @@ EXPECTED_PEERS = ("auturi_tuned", "auturi_fixed", "dummy", "subproc", "async", "
                   "torchrl_multisync")
 
 
+def docs_state() -> tuple[dict[str, int], str]:
+    """What a bench run could change in docs/: each image's modification time, and the block
+    of docs/benchmarks.md the bench rewrites (the text between its markers)."""
+    from bench.report import BEGIN, END
+
+    images = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/img").glob("*")} if (REPO / "docs/img").is_dir() \
+        else {}
+    page = (REPO / "docs/benchmarks.md").read_text(encoding="utf-8")
+    return images, page[page.find(BEGIN):page.find(END)]
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The default run (no --update-docs) at the smoke sizing, into a temporary folder."""
     out = tmp_path_factory.mktemp("bench")
-    img_before = set((REPO / "docs/img").glob("*")) if (REPO / "docs/img").is_dir() else set()
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--workloads", "cartpole", "--no-docs",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
-    img_after = set((REPO / "docs/img").glob("*")) if (REPO / "docs/img").is_dir() else set()
-    return proc, out, img_after - img_before
+    before = docs_state()
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--workloads", "cartpole", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
+    return proc, out, before != docs_state()
 
 
 @pytest.mark.timeout(180)
 def test_smoke_run_writes_json_markdown_and_plots(smoke):
-    proc, out, new_doc_images = smoke
+    proc, out, docs_changed = smoke
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "collect cartpole: round 1/" in proc.stdout  # progress on stdout
     res = json.loads((out / "bench_smoke.json").read_text())
@@ -80,7 +91,26 @@ def test_smoke_run_writes_json_markdown_and_plots(smoke):
         assert f"]({png.name})" in md
         with PIL.open(png) as im:
             assert im.format == "PNG" and im.size[0] > 0 and im.size[1] > 0
-    assert not new_doc_images, "--no-docs must leave docs/ alone"
+    assert not docs_changed, "a run without --update-docs must leave docs/ alone"
+    assert "docs/ left as it was (--update-docs splices these tables into docs/benchmarks.md)" in proc.stdout
+
+
+def test_default_run_writes_to_a_results_folder_of_its_own():
+    """``python -m bench --quick`` as the README shows it: a new folder under
+    bench/results/runs/, docs/ untouched; only --update-docs writes the tracked records and docs."""
+    from bench.suite import REPO as BENCH_REPO
+    from bench.suite import outputs, parse_args
+
+    for argv in (["--quick"], [], ["--smoke", "--no-docs"]):
+        out, page = outputs(parse_args(argv), stamp="2026-11-26-120000")
+        assert page is None and out == BENCH_REPO / "bench/results/runs/2026-11-26-120000", argv
+    assert outputs(parse_args(["--quick", "--out", "/tmp/x"]))[0] == Path("/tmp/x")
+    out, page = outputs(parse_args(["--quick", "--update-docs"]))
+    assert (out, page) == (BENCH_REPO / "bench/results", BENCH_REPO / "docs/benchmarks.md")
+    first, _ = outputs(parse_args([]))
+    assert first.parent == BENCH_REPO / "bench/results/runs" and not first.exists()  # named, made only on write
+    with pytest.raises(SystemExit):
+        parse_args(["--update-docs", "--no-docs"])
 
 
 def test_splice_keeps_everything_outside_the_markers():
@@ -99,7 +129,7 @@ def test_auturi_bench_forwards_to_the_runner():
     proc = subprocess.run([sys.executable, "-m", "auturi.cli", "bench", "--help"], cwd=REPO, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "--quick" in proc.stdout and "--no-docs" in proc.stdout
+    assert "--quick" in proc.stdout and "--update-docs" in proc.stdout and "--no-docs" in proc.stdout
 
 
 def test_limit_table_and_target_rows():

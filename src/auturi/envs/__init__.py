@@ -11,6 +11,12 @@ Ids that a module registers when imported work in the caller and in every worker
 :data:`ID_PROVIDERS`), and any id registered in the caller (the factory carries the id's
 ``EnvSpec``, so a worker that lacks the registration makes the env from it).
 
+Every factory :func:`resolve_env_fns` returns is a :class:`ProcessTreeEnvFn`: in a worker it
+first imports the id providers the caller had imported (so a user's ``lambda:
+gym.make("ALE/Pong-v5")`` works there too; gymnasium 1.x loads no plugins by itself), and
+says what to do when the env's id is unknown there; in every process it shows a warning
+raised while making the env once per process tree (:mod:`auturi.envs.base`).
+
 The package's modules, by role: :mod:`auturi.envs.base` (the EnvPool id prefix and
 :func:`env_seed`, which every source shares), :mod:`auturi.envs.envpool` (EnvPool's source and
 runner) and :mod:`auturi.envs.testing` (the test envs, re-exported here as before:
@@ -22,11 +28,22 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import multiprocessing
+import sys
 from typing import Any, Callable, Sequence, Union
 
 import gymnasium as gym
 
-from auturi.envs.base import ENVPOOL_PREFIX, env_seed
+from auturi.envs.base import (
+    ENVPOOL_PREFIX,
+    MuJoCoWarning,
+    env_seed,
+    ignore_owner_warnings,
+    noting_shown_warnings,
+    route_mujoco_warnings_on_import,
+    routing_mujoco_warnings,
+    shown_warnings,
+)
 from auturi.envs.envpool import EnvPoolSource
 from auturi.envs.testing import (
     ACTION_SPACES,
@@ -39,8 +56,8 @@ from auturi.envs.testing import (
 )
 
 __all__ = [
-    "EnvFn", "EnvLike", "ENVPOOL_PREFIX", "EnvPoolSource", "ID_PROVIDERS", "env_seed", "find_env_id", "is_envpool",
-    "resolve_env_fns",
+    "EnvFn", "EnvLike", "ENVPOOL_PREFIX", "EnvPoolSource", "ID_PROVIDERS", "MuJoCoWarning", "ProcessTreeEnvFn",
+    "env_seed", "find_env_id", "is_envpool", "resolve_env_fns",
     "ACTION_SPACES", "ActionDtypeEnv", "CountingEnv", "FaultyEnv", "HeavyTailEnv", "LargeObsEnv", "SlowEnv",
 ]
 
@@ -55,16 +72,88 @@ PROVIDER_MODULES = ("ale_py", "gymnasium_robotics")
 robotics registers ``FetchReach-v4``, ``AntMaze_UMaze-v5``, ... on import)."""
 
 
-class _MakeById:
+WORKER_ID_HINT = ("This env factory ran in an Auturi worker process, which has imported only what the factory "
+                  "imports (and the id providers {providers} where the caller had): import the module that registers "
+                  "the id inside the factory (ALE ids: import ale_py; gym.register_envs(ale_py)), or give Auturi "
+                  "the id itself as 'module:Env-v0'")
+
+
+class ProcessTreeEnvFn:
+    """An env factory that makes the same env in every process of an executor's tree: the
+    owner (the process that made the executor, where this object was made) and the workers
+    it starts (where it arrives pickled). In a worker, before the first env: the id
+    providers the owner had imported are imported (their ids are registered as in the
+    owner), and the warnings the owner showed while making envs are ignored; an unknown id
+    says what to do. In every process MuJoCo's C warnings become Python warnings
+    (:mod:`auturi.envs.base`).
+
+    Subclasses make the env in :meth:`make`; this class calls ``fn``."""
+
+    def __init__(self, fn: EnvFn | None = None):
+        self.fn = fn
+        self._owner = True
+        self._providers: tuple[str, ...] = ()
+        self._owner_shown: tuple[tuple[type, str], ...] = ()
+
+    def make(self) -> gym.Env:
+        assert self.fn is not None
+        return self.fn()
+
+    def __call__(self) -> gym.Env:
+        if self._owner:
+            with routing_mujoco_warnings(), noting_shown_warnings():
+                return self.make()
+        self._enter_worker()
+        with routing_mujoco_warnings():
+            try:
+                return self.make()
+            except gym.error.UnregisteredEnv as e:
+                providers = "(" + ", ".join(self._providers) + ")" if self._providers else "(none)"
+                raise type(e)(f"{e} {WORKER_ID_HINT.format(providers=providers)}") from e
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        del state["_owner"]
+        # What this process knows, added to what it inherited (a Ray actor passes both on to its own workers).
+        state["_providers"] = tuple(dict.fromkeys(
+            (*self._providers, *(m for m in (*ID_PROVIDERS.values(), *PROVIDER_MODULES) if m in sys.modules))))
+        state["_owner_shown"] = tuple(dict.fromkeys((*self._owner_shown, *shown_warnings())))
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        vars(self).update(state)
+        self._owner = False
+        if multiprocessing.parent_process() is not None:
+            # Arrived in a worker (not a pickle round trip in the owner, whose warnings and
+            # imports are its own): set up now, before envs moved here are unpickled, which
+            # makes them (a MuJoCo env compiles its model again) without calling a factory.
+            self._enter_worker()
+            route_mujoco_warnings_on_import()
+
+    def _enter_worker(self) -> None:
+        """Import the owner's id providers; ignore the warnings it showed. Idempotent."""
+        for module in self._providers:
+            try:
+                importlib.import_module(module)
+            except ImportError:  # not installed where this worker runs: an id it registers says so on make
+                pass
+        ignore_owner_warnings(self._owner_shown)
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+
+class _MakeById(ProcessTreeEnvFn):
     """A picklable ``gym.make(env_id, **kwargs)`` that works where the id is not registered:
     it imports ``module`` first (the module that registers the id), and makes the env from
     the caller's ``EnvSpec`` if the id is still unknown in this process."""
 
     def __init__(self, env_id: str, kwargs: dict[str, Any], module: str | None = None):
+        super().__init__()
         self.env_id, self.kwargs, self.module = env_id, kwargs, module
         self.spec = gym.spec(env_id) if env_id in gym.registry else None
 
-    def __call__(self) -> gym.Env:
+    def make(self) -> gym.Env:
         if self.module is not None:
             importlib.import_module(self.module)
         if self.env_id not in gym.registry and self.spec is not None:
@@ -132,15 +221,24 @@ def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> l
         env_id, module = find_env_id(env)
         fns: list[EnvFn] = [_MakeById(env_id, make_kwargs, module)] * _need(num_envs)
     elif callable(env):
-        fns = [env] * _need(num_envs)
+        fns = [_in_tree(env)] * _need(num_envs)
     elif isinstance(env, Sequence) and env and all(callable(f) for f in env):
-        fns = list(env)
+        wrapped = {id(f): _in_tree(f) for f in env}  # one wrapper per distinct factory: each pickles once
+        fns = [wrapped[id(f)] for f in env]
         if num_envs is not None and num_envs != len(fns):
             raise ValueError(f"num_envs={num_envs} but {len(fns)} env factories were given; pass one per env")
     else:
         raise TypeError(f"env must be a gymnasium id, an EnvPool id ('envpool:Pong-v5'), a factory "
                         f"returning a gymnasium.Env, or a list of them; got {env!r}")
     return fns
+
+
+def _in_tree(fn: EnvFn) -> EnvFn:
+    """``fn`` as a :class:`ProcessTreeEnvFn`; a source with its own runner (EnvPool's, whose
+    ``make_runner`` the executor looks for) and one already wrapped are left as they are."""
+    if isinstance(fn, ProcessTreeEnvFn) or hasattr(fn, "make_runner"):
+        return fn
+    return ProcessTreeEnvFn(fn)
 
 
 def _need(num_envs: int | None) -> int:

@@ -1,25 +1,38 @@
 """``model.auturi``: the SB3 face's handle (:class:`SB3Handle`) over the shared
 :class:`~auturi.adapters.common.FaceHandle`: it ships the weights (and VecNormalize
-statistics) before each collect, tells the tuner how much of ``learn()`` is left, and logs
-the collect to SB3's logger."""
+statistics) before each collect, tells the tuner how much of ``learn()`` is left, logs the
+collect to SB3's logger, draws SB3's progress bar where each replay left it
+(:meth:`SB3Handle.hold_progress`), and on ``close()`` gives the model back to SB3."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.common import Collector, FaceHandle, remaining_collects
+from auturi.errors import AuturiError
+
+
+PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")
+"""What ``wrap_sb3`` sets on the model instance and :meth:`SB3Handle.close` removes (as
+``unwrap_sb3`` does); never saved with the model."""
 
 
 class SB3Handle(FaceHandle):
     """What :func:`~auturi.adapters.sb3.wrap_sb3` attaches to the model as ``model.auturi``:
     the executor, the optional online tuner and the last rollout's stats. ``close()`` ends
-    the workers."""
+    the workers and gives the model back SB3's own loop (:meth:`close`)."""
 
     def __init__(self, collector: Collector, adapter: Any, vecnorm: Any, source_env: Any, seed: int,
-                 raw_observation_space: gym.Space):
+                 raw_observation_space: gym.Space, model: Any = None):
         super().__init__(collector, seed)
+        # The model this is model.auturi of (a weak reference: the model holds this handle).
+        self._model: weakref.ref | None = None
+        if model is not None:
+            self.attach(model)
+        self._bars: tuple[Any, list[Any]] = (None, [])  # (callback, the progress bars in it); see show_progress
         self.adapter = adapter
         self.vecnorm = vecnorm
         self.source_env = source_env
@@ -30,6 +43,30 @@ class SB3Handle(FaceHandle):
         self._tuner_log: tuple[tuple, dict[str, Any]] = ((), {})  # (tuner key, its records)
         self._config_log: tuple[Any, str] = (None, "")  # (config, its text)
         self.exploration: Any = None  # the off-policy replay's cached exploration state (off_policy._Exploration)
+
+    def attach(self, model: Any) -> None:
+        """Name the model this handle is ``model.auturi`` of, for :meth:`close`."""
+        self._model = weakref.ref(model)
+
+    def close(self) -> None:
+        """End the workers (and the status server) and give the model back SB3's own
+        ``collect_rollouts`` (as :func:`~auturi.adapters.sb3.unwrap_sb3`): it is a plain SB3
+        model again, which ``learn`` trains as SB3 does and ``auturi.wrap`` can wrap again.
+        ``model.auturi`` is gone after it (keep a reference to read the tuner's result).
+        Idempotent."""
+        ref, self._model = self._model, None
+        try:
+            super().close()
+        finally:
+            model = ref() if ref is not None else None
+            if model is not None and vars(model).get("auturi") is self:
+                for name in PATCHED:  # what unwrap_sb3 removes (wrap.py imports this module: no call back)
+                    vars(model).pop(name, None)
+                if self.collects:
+                    # The last observation is the executor's envs', which end here; SB3's next
+                    # learn() (even with reset_num_timesteps=False) resets the model's own env
+                    # rather than pair that observation with another env's step.
+                    model._last_obs = None
 
     def state(self, model: Any) -> dict[str, np.ndarray]:
         return self.adapter.state_of(model, self.vecnorm)
@@ -42,6 +79,12 @@ class SB3Handle(FaceHandle):
         ``extra_state`` is (the caller's, cheaper than reading the arrays); ``None``: read them.
         ``measure``: False for an off-policy warm-up collect (random actions, no policy), which
         the online tuner must not time as the training's."""
+        if self._model is None:  # a handle made without model= (see attach)
+            self.attach(model)
+        if getattr(self.executor, "_closed", False):  # the executor's own message says "make a new one"
+            raise AuturiError("this model's Auturi executor is closed (a worker failed, or it was closed): call "
+                              "model.auturi.close() to make the model plain SB3 again, then auturi.wrap(model) to "
+                              "collect through Auturi again")
         follow = getattr(self.adapter, "follow", None)
         if follow is not None:
             follow(model.policy)
@@ -121,3 +164,70 @@ class SB3Handle(FaceHandle):
             self._locked_logged = True
         self._tuner_log = (key, out)
         return out
+
+    def hold_progress(self, callback: Any, seconds: float) -> list[tuple[Any, float, float]]:
+        """Before the replay of a collect that lasted ``seconds``: keep SB3's progress bar
+        (``learn(..., progress_bar=True)``) from drawing during the replay's burst of
+        ``on_step`` calls; :meth:`show_progress` draws it at the count the replay reached.
+
+        The replay advances the bar by ``n_envs`` per step, as SB3's loop does, but all at once
+        after the collect, and the bar (tqdm) draws at most every ``mininterval`` (0.1 s): it
+        drew the first replayed step, then nothing until the next collect's, so it sat at
+        ``k * rollout + n_envs`` (``8/1,000,000`` for the first 30 s of a default PPO run,
+        2026-11-26); and a draw within the replay times steps over the replay's milliseconds
+        (a rate of 10^5 it/s). Held, the bar draws once per collect, its rate over the time
+        since its last draw. A collect shorter than ``mininterval`` is left to the bar
+        itself (off-policy, one step per collect)."""
+        cached, bars = self._bars
+        if cached is not callback:  # one CallbackList per learn(): searched once per learn
+            bars = [b for b in _progress_bars(callback) if getattr(b, "pbar", None) is not None]
+            self._bars = (callback, bars)
+        held = []
+        for bar in bars:
+            pbar = bar.pbar
+            interval = getattr(pbar, "mininterval", None)
+            if interval is not None and seconds >= interval and hasattr(pbar, "last_print_t"):
+                held.append((pbar, pbar.last_print_t, interval))
+                pbar.mininterval = float("inf")  # no draw until show_progress (training's end draws anyway)
+        return held
+
+    def show_progress(self, held: list[tuple[Any, float, float]]) -> None:
+        """After the replay: draw each bar :meth:`hold_progress` held at its count now."""
+        for pbar, drawn_at, interval in held:
+            pbar.mininterval = interval
+            pbar.last_print_t = drawn_at  # the monitor thread's forced redraws do not move it
+            _redraw(pbar)
+
+
+def _progress_bars(callback: Any) -> Any:
+    """SB3's ``ProgressBarCallback`` objects in ``callback`` (a ``CallbackList`` and the
+    child callbacks of event callbacks included)."""
+    from stable_baselines3.common.callbacks import ProgressBarCallback
+
+    todo, seen = [callback], set()
+    while todo:
+        cb = todo.pop()
+        if cb is None or id(cb) in seen:
+            continue
+        seen.add(id(cb))
+        if isinstance(cb, ProgressBarCallback):
+            yield cb
+        todo.extend(getattr(cb, "callbacks", None) or ())
+        todo.append(getattr(cb, "callback", None))
+
+
+def _redraw(pbar: Any) -> None:
+    """Draw ``pbar`` (a tqdm bar) at its count now, as its own ``update`` does when it draws
+    (the rate's moving average and the last drawn count included)."""
+    if getattr(pbar, "disable", False) or pbar.n == getattr(pbar, "last_print_n", None):
+        return
+    try:
+        now = pbar._time()
+        dn, dt = pbar.n - pbar.last_print_n, now - pbar.last_print_t
+        if pbar.smoothing and dt > 0 and dn:
+            pbar._ema_dn(dn)
+            pbar._ema_dt(dt)
+        pbar.refresh(lock_args=pbar.lock_args)
+        pbar.last_print_n, pbar.last_print_t = pbar.n, now
+    except AttributeError:  # a tqdm without these internals: a plain redraw
+        pbar.refresh()

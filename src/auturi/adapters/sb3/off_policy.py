@@ -255,8 +255,10 @@ def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay
         state = explore(self, warm_rows > 0, action_noise)
         # A warm-up collect runs no policy: the tuner does not time it as the training's.
         rollout = h.collect(self, rows, state, extra_key=explore.key, measure=warm_rows == 0)
+        held = h.hold_progress(callback, rollout.stats.seconds)  # SB3's progress bar: drawn after the replay
         if not _replay(self, h, rollout, callback, replay_buffer, action_noise, log_interval, progress):
             return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=False)
+        h.show_progress(held)
     callback.on_rollout_end()
     return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=True)
 

@@ -4,7 +4,10 @@ step by step exactly where SB3's loop would: ``num_timesteps``, the callback's
 ``update_locals`` / ``on_step`` (with SB3's local names), ``_update_info_buffer``, the
 bootstrap of truncated episodes (``reward += gamma * V(terminal_obs)``),
 ``rollout_buffer.add`` and ``compute_returns_and_advantage``; VecNormalize statistics are
-updated from the raw observations step by step as SB3 would.
+updated from the raw observations step by step as SB3 would. Callbacks therefore see
+``num_timesteps`` grow by ``n_envs`` at each ``on_step``, through the same values as in SB3's
+loop, but all in the replay after the collect; SB3's progress bar is redrawn at the count
+the replay reached (``SB3Handle.hold_progress``).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from auturi.errors import AuturiError
 from auturi.adapters.sb3.handle import SB3Handle
 
 ENV_CHANGED = ("the model's env changed after auturi.wrap (model.set_env?); the executor still runs the "
-               "old envs. Call auturi.adapters.sb3.unwrap_sb3(model), then auturi.wrap(model) again")
+               "old envs. Call model.auturi.close() (the model is plain SB3 again), then auturi.wrap(model) again")
 
 
 def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_rollout_steps: int) -> bool:
@@ -49,6 +52,7 @@ def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_
     cpu = self.device.type == "cpu"
 
     restart_cut_episodes(self, h, rollout.episode_starts[0], rollout.observations[0])
+    held = h.hold_progress(callback, rollout.stats.seconds)
     self._last_obs = obs_seen[0]
     self._last_episode_starts = rollout.episode_starts[0]
     for t in range(T):
@@ -123,6 +127,7 @@ def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_
 
     rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
 
+    h.show_progress(held)
     callback.update_locals(locals())
 
     callback.on_rollout_end()
