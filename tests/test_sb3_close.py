@@ -84,3 +84,14 @@ def test_close_removes_what_wrap_sets():
     from auturi.adapters.sb3 import handle, wrap
 
     assert set(handle.PATCHED) == set(wrap.PATCHED)
+
+
+def test_close_right_after_wrap_gives_back_the_model():
+    """No ``learn`` between: the handle knows its model from ``wrap`` on."""
+    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=16, batch_size=32,
+                n_epochs=1, seed=0, device="cpu")
+    model = auturi.wrap(model, config=WORKERS)
+    model.auturi.close()
+    assert "collect_rollouts" not in vars(model) and "auturi" not in vars(model)
+    model.learn(32)
+    assert monitor_steps(model) >= 32

@@ -14,15 +14,11 @@ import numpy as np
 
 from auturi.adapters.common import build_collector, check_face_options, ray_kwargs, resolve_budget, resolve_seed
 from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
-from auturi.adapters.sb3.handle import SB3Handle
+from auturi.adapters.sb3.handle import PATCHED, SB3Handle
 from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
 from auturi.adapters.sb3.recover import factories_from_vecenv, same_space, split_vec_wrappers
 from auturi.config import Config
 from auturi.errors import AuturiError
-
-PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")
-"""What wrap_sb3 sets on the instance (and unwrap_sb3 removes); never saved with the model."""
-
 
 def _excluded_save_params(self: Any) -> list[str]:
     return [*type(self)._excluded_save_params(self), *PATCHED]
@@ -148,7 +144,7 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
                                 workload={"sb3": type(model).__name__, "env": factories[0].name},
                                 status_port=status_port, verbose=model.verbose >= 1,
                                 executor_kwargs=ray_kwargs(backend, address, actor_resources))
-    handle = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space)
+    handle = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space, model=model)
     if collector.tuner is not None and not off_policy:
         try:  # a cached choice's processes start now, as a fixed config's do, not inside learn
             collector.tuner.begin(int(model.n_steps))
@@ -176,7 +172,7 @@ def _check_model(model: Any) -> bool:
                         f"or DQN off-policy); got "
                         f"{type(model).__name__} ({what})")
     if "auturi" in vars(model):
-        raise AuturiError("this model is already wrapped by auturi; call auturi.adapters.sb3.unwrap_sb3(model) first")
+        raise AuturiError("this model is already wrapped by auturi; call model.auturi.close() first (it leaves a plain SB3 model)")
     if isinstance(model, OffPolicyAlgorithm):
         from auturi.adapters.sb3.off_policy import check_model
 
@@ -252,7 +248,8 @@ def _env_factories(model: Any, env_fn: Any, base_venv: Any, vec_layers: list[tup
 
 
 def unwrap_sb3(model: Any) -> Any:
-    """Close the executor and give ``model`` back its own ``collect_rollouts``. Returns it."""
+    """Close the executor and give ``model`` back its own ``collect_rollouts``, as
+    ``model.auturi.close()`` does. Returns it."""
     h = vars(model).get("auturi")
     if h is not None:
         h.close()
