@@ -334,7 +334,7 @@ def test_a_cluster_refusing_our_credentials_says_token_auth_and_the_fix(monkeypa
     """What ray.init raises, after ~20 s of retries, for a driver without token auth against
     a `ray start` cluster with it (seen on a real cluster: a ConnectionError whose cause
     carries InvalidAuthToken): the error names the cause and both fixes, not `ray start`."""
-    from auturi.executor import ray_cluster
+    from auturi.executor.ray import cluster as ray_cluster
 
     def refused(**kwargs):
         try:

@@ -13,7 +13,7 @@ import pytest
 from auturi import Config
 from auturi.executor.actor_loop import ActorLoop
 from auturi.executor.layout import MAIN, EnvMove, plan_layout, policy_threads, ray_actor_cores
-from auturi.executor.ray_backend import ClusterResources
+from auturi.resources import ClusterResources
 from auturi.resources import cuda_device_count, usable_cores, usable_cores_set
 from auturi.tuner import space as space_mod
 

@@ -105,7 +105,7 @@ class _RayExecutor:
     """What profiling reads of a ray executor: its backend, its policy, its last collect."""
 
     backend = "ray"
-    _num_steps = 32
+    last_num_steps = 32
 
     class policy:  # noqa: N801 - a stand-in object with the Policy method profiling calls
         @staticmethod

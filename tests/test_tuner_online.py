@@ -7,6 +7,7 @@ import json
 import pytest
 
 from auturi import Config
+from auturi.executor.contract import MoveCost, planned_move_cost
 from auturi.tuner import OnlineTuner, build_space
 from auturi.tuner.strategies import ModelStrategy
 from tests.helpers import FakeExecutor
@@ -518,16 +519,21 @@ def test_the_reconfigure_estimate_learns_from_this_runs_reconfigures():
 
 
 class WarmingFake(ProfiledFake):
-    """Its worker servers start at ``warm_start`` and serve ``warm_collects`` collects later."""
+    """Its worker servers start at ``prepare`` (the executor contract's, for any layout that
+    starts processes) and serve ``warm_collects`` collects later."""
 
     def __init__(self, warm_collects: int = 5, **kw):
         super().__init__(**kw)
         self.warm_calls, self.warm_left, self.warm_collects = 0, None, warm_collects
         self.configs_while_warming: list[Config] = []
 
-    def warm_start(self, config=None):
+    def prepare(self, config):
         self.warm_calls += 1
         self.warm_left = self.warm_collects
+
+    def move_cost(self, config, origin=None):
+        cost = planned_move_cost(self.config if origin is None else origin, config)
+        return MoveCost(cost.processes, int(bool(cost.processes) and not self.warm_calls))
 
     @property
     def warming(self) -> bool:
@@ -574,12 +580,13 @@ class TwoServerFake(FakeExecutor):
             need.add("torch")
         return need
 
-    def warm_start(self, config=None):
-        for s in self.servers(config) if config is not None else {"env", "torch"}:
+    def prepare(self, config):
+        for s in self.servers(config):
             self.left.setdefault(s, self.warm[s])
 
-    def needs_warm_start(self, config):
-        return bool(self.servers(config) - set(self.left))
+    def move_cost(self, config, origin=None):
+        processes = planned_move_cost(self.config if origin is None else origin, config).processes
+        return MoveCost(processes, len(self.servers(config) - set(self.left)) if processes else 0)
 
     @property
     def warming(self) -> bool:
@@ -650,7 +657,8 @@ def test_a_long_unmeasured_warm_up_starts_the_env_workers_server_ahead_and_no_tr
 def test_no_server_starts_ahead_for_a_short_warm_up_when_off_or_with_one_env(case):
     if case == "one_env":
         ex = FakeExecutor(1, lambda c: 1000.0)
-        ex.warm_start = lambda config=None: pytest.fail("one env: no layout of env workers to warm for")
+        ex.move_cost = lambda config, origin=None: MoveCost(processes=1, cold_servers=1)  # were there a layout
+        ex.prepare = lambda config: pytest.fail("one env: no layout of env workers to warm for")
     else:
         ex = TwoServerFake(warm={"env": 2, "torch": 6})
     online = OnlineTuner(ex, "grid", cache=False, clock=ex.clock, search_share=None, min_sample_seconds=0,

@@ -119,7 +119,7 @@ def test_neighbours_are_one_step_away_and_in_the_space():
 def test_space_on_a_ray_cluster_bounds_actors_by_node_cpus():
     """With a cluster, the core budget is its total CPUs and an actor's processes must fit
     on one node: 2 nodes of 4 CPUs hold actors of at most 4 processes, 2 per node at 2."""
-    from auturi.executor.ray_backend import ClusterResources
+    from auturi.resources import ClusterResources
 
     cluster = ClusterResources(node_cpus=(4, 4), node_gpus=(0, 0))
     s = build_space(8, devices=["cpu"], cluster=cluster)

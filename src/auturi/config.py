@@ -21,7 +21,9 @@ from typing import Any
 
 from auturi.errors import ConfigError
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
+"""How a policy device is written (``cpu``, ``cuda``, ``cuda:k``). Whether a CUDA device exists
+is :func:`auturi.resources.check_device`'s to say (it reads the machine; a config is data)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Config:
             )
         if b == 0:
             object.__setattr__(self, "policy_batch_size", self.envs_per_actor)
-        if not isinstance(self.policy_device, str) or not _DEVICE_RE.match(self.policy_device):
+        if not isinstance(self.policy_device, str) or not DEVICE_PATTERN.match(self.policy_device):
             raise ConfigError("policy_device", self.policy_device, "must be 'cpu', 'cuda' or 'cuda:k'")
 
     # ----------------------------------------------------------------- knobs

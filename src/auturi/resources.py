@@ -1,5 +1,7 @@
 """This machine's resources, as Auturi counts them: the cores this process may run on and
-the CUDA devices torch sees; and a Ray cluster's (:class:`ClusterResources`).
+the CUDA devices torch sees; and a Ray cluster's (:class:`ClusterResources`). Whether a policy
+device exists is checked here, once (:func:`check_device`), for the executor, the tuner's
+space, the command line and the Ray backend.
 
 One definition for every module that needs them (the ``shm`` backend's pins and policy
 threads, the Ray backend's local instance size, the tuner's space, profile and cache key):
@@ -16,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from auturi.config import Config
-from auturi.errors import AuturiError
+from auturi.config import DEVICE_PATTERN, Config
+from auturi.errors import AuturiError, ConfigError
 
 
 def usable_cores_set() -> set[int]:
@@ -43,6 +45,43 @@ def cuda_device_count() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_device(device: str, cuda_count: int | None = None, *, where: str = "here",
+                 use_cpu: str = "policy_device='cpu'") -> str:
+    """``device`` (``cpu``, ``cuda``, ``cuda:k``) when it exists, else :class:`ConfigError`
+    naming the knob, the rule and the fix. The one check of a policy device: the executor, the
+    tuner's space (which prunes with the error's rule), the command line and the Ray backend
+    (``cuda_count``: the cluster's GPUs, ``where``: "in the Ray cluster") all call it.
+
+    ``cuda_count``: the CUDA devices to check against (default: this machine's,
+    :func:`cuda_device_count`, read only for a CUDA device); ``use_cpu``: how the caller's
+    user picks the CPU instead, for the fix (the CLI says ``--devices cpu``).
+
+    >>> check_device("cpu"), check_device("cuda:1", cuda_count=2)
+    ('cpu', 'cuda:1')
+    >>> check_device("cuda:2", cuda_count=2)
+    Traceback (most recent call last):
+    ...
+    auturi.errors.ConfigError: policy_device='cuda:2' is invalid: cuda:2 does not exist here: 2 CUDA device(s), cuda:0..cuda:1
+    """
+    if not isinstance(device, str) or not DEVICE_PATTERN.match(device):
+        raise ConfigError("policy_device", device, "must be 'cpu', 'cuda' or 'cuda:k'")
+    if device == "cpu":
+        return device
+    count = cuda_device_count() if cuda_count is None else int(cuda_count)
+    if not count:
+        if where == "here":
+            rule = (f"no CUDA device here (torch.cuda.is_available() is False); use {use_cpu}, or install a CUDA "
+                    f"build of torch on a GPU machine")
+        else:
+            rule = f"no GPU {where}; use {use_cpu}, or add a node with a GPU"
+        raise ConfigError("policy_device", device, rule)
+    idx = int(device.split(":")[1]) if ":" in device else 0
+    if idx >= count:
+        raise ConfigError("policy_device", device,
+                          f"{device} does not exist {where}: {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return device
 
 
 @dataclass(frozen=True)
@@ -86,8 +125,11 @@ class ClusterResources:
         if procs > biggest:
             return ("env_parallel_degree", f"an actor runs {procs} processes but the largest node has {biggest} "
                                            f"CPUs (an actor cannot span nodes)")
-        if config.policy_device != "cpu" and not self.total_gpus:
-            return "policy_device", "no GPU in the Ray cluster"
+        if config.policy_device != "cpu":
+            try:
+                check_device(config.policy_device, self.total_gpus, where="in the Ray cluster")
+            except ConfigError as e:
+                return "policy_device", e.rule
         fits = self.actors_that_fit(config)
         if fits < config.num_actors:
             need = f"{procs} CPUs" + (" and a GPU" if config.policy_device != "cpu" else "")
@@ -106,3 +148,17 @@ def ray_cluster_resources() -> ClusterResources:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     return ClusterResources(tuple(int(n["Resources"].get("CPU", 0)) for n in nodes),
                             tuple(int(n["Resources"].get("GPU", 0)) for n in nodes))
+
+
+def ray_node_cores() -> tuple[int, ...]:
+    """CPUs of each alive node of the connected Ray cluster, the caller's node first (the
+    one whose actors share the caller's object store); () when not connected (or no Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return ()
+    if not ray.is_initialized():
+        return ()
+    here = ray.get_runtime_context().get_node_id()
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n.get("NodeID") != here)
+    return tuple(int(n.get("Resources", {}).get("CPU", 0)) for n in nodes)

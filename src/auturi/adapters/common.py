@@ -11,23 +11,33 @@ from typing import Any
 import numpy as np
 
 from auturi.config import Config
+from auturi.tuner.online_settings import OnlineSettings
 
 FACE_BACKENDS = ("shm", "serial", "ray")
 """Backends ``auturi.wrap`` runs on (``ray``: one Ray actor per actor, on a Ray cluster; see
-:mod:`auturi.executor.ray_backend`)."""
+:mod:`auturi.executor.ray`)."""
 
 
 def tuner_kwargs(budget: Any) -> dict[str, Any]:
-    """The online tuner's budget arguments from ``wrap(..., budget=)``: ``None`` (the tuner's
-    defaults), an int (configs to measure), a float (seconds) or a dict of
-    :class:`~auturi.tuner.OnlineTuner` keyword arguments.
+    """The online tuner's keyword arguments from ``wrap(..., budget=)``: ``None`` (the tuner's
+    defaults), an int (configs to measure), a float (seconds), an
+    :class:`~auturi.tuner.online_settings.OnlineSettings` or a dict of its fields and other
+    :class:`~auturi.tuner.OnlineTuner` arguments (checked: a misspelt name is a ``TypeError``
+    naming the closest, a value breaking its rule a ``ValueError`` naming the field).
 
     >>> tuner_kwargs(4), tuner_kwargs(30.0)
     ({'budget_trials': 4}, {'budget_trials': None, 'budget_seconds': 30.0})
+    >>> tuner_kwargs({"serch_share": 0.1})
+    Traceback (most recent call last):
+    ...
+    TypeError: tuner_options: 'serch_share' is neither an OnlineSettings field nor an OnlineTuner argument; did you mean 'search_share'?
     """
     if budget is None:
         return {}
+    if isinstance(budget, OnlineSettings):
+        return budget.to_dict()
     if isinstance(budget, Mapping):
+        OnlineSettings.split(budget)  # checks the names and the settings' values
         return dict(budget)
     if isinstance(budget, bool):
         raise TypeError("budget must be None, an int (configs to try), a float (seconds) or a dict")
@@ -35,16 +45,18 @@ def tuner_kwargs(budget: Any) -> dict[str, Any]:
         return {"budget_trials": budget}
     if isinstance(budget, float):
         return {"budget_trials": None, "budget_seconds": budget}
-    raise TypeError(f"budget must be None, an int (configs to try), a float (seconds) or a dict of OnlineTuner "
-                    f"arguments, got {budget!r}")
+    raise TypeError(f"budget must be None, an int (configs to try), a float (seconds), an OnlineSettings or a dict "
+                    f"of OnlineTuner arguments, got {budget!r}")
 
 
 def resolve_budget(budget: Any = None, *, budget_trials: int | None = None, budget_seconds: float | None = None,
-                   tuner_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   tuner_options: OnlineSettings | Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The online tuner's keyword arguments from ``wrap``'s typed budget: ``budget_trials``
     (configs to measure), ``budget_seconds`` (wall seconds of the search, training included)
-    and ``tuner_options`` (any other :class:`~auturi.tuner.OnlineTuner` argument). The old
-    ``budget=`` (int, float or dict) still works, with a ``DeprecationWarning``.
+    and ``tuner_options``: an :class:`~auturi.tuner.online_settings.OnlineSettings`, or a dict
+    of its fields and other :class:`~auturi.tuner.OnlineTuner` arguments (``cache``,
+    ``space``, ``callback``, ...), checked as :func:`tuner_kwargs` does. The old ``budget=``
+    (int, float or dict) still works, with a ``DeprecationWarning``.
 
     >>> resolve_budget(budget_trials=4, tuner_options={"search_share": 0.1})
     {'search_share': 0.1, 'budget_trials': 4}
@@ -59,9 +71,10 @@ def resolve_budget(budget: Any = None, *, budget_trials: int | None = None, budg
                       "(seconds) or tuner_options={...} (OnlineTuner arguments)", DeprecationWarning, stacklevel=3)
         out = tuner_kwargs(budget)
     if tuner_options is not None:
-        if not isinstance(tuner_options, Mapping):
-            raise TypeError(f"tuner_options must be a dict of OnlineTuner arguments, got {tuner_options!r}")
-        out.update(tuner_options)
+        if not isinstance(tuner_options, (Mapping, OnlineSettings)):
+            raise TypeError(f"tuner_options must be an OnlineSettings or a dict of OnlineTuner arguments, got "
+                            f"{tuner_options!r}")
+        out.update(tuner_kwargs(tuner_options))
     if budget_trials is not None:
         if isinstance(budget_trials, bool) or not isinstance(budget_trials, int) or budget_trials < 1:
             raise ValueError(f"budget_trials must be a positive int (configs to measure), got {budget_trials!r}")

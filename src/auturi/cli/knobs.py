@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import importlib.util
-import re
 from typing import Any
 
 from auturi.cli.common import fail
+from auturi.config import DEVICE_PATTERN
 
 __all__ = ["executor_kwargs", "parse_devices", "parse_start"]
-
-_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def parse_start(text: str, num_envs: int) -> Any:
@@ -58,22 +56,17 @@ def parse_devices(devices: str | None, label: str | None = None) -> list[str] | 
     if not out:
         fail("--devices is empty: pass cpu, cuda or cpu,cuda")
     for d in out:
-        if not _DEVICE_RE.match(d):
+        if not DEVICE_PATTERN.match(d):
             fail(f"--devices: {d!r} is not a device; use cpu, cuda or cuda:K, comma-separated")
     if any(d != "cpu" for d in out):
-        import torch
-
         from auturi.errors import ConfigError
-        from auturi.executor.base import check_device
+        from auturi.resources import check_device  # reads the GPUs (imports torch) only for a CUDA device
 
-        if not torch.cuda.is_available():
-            fail(f"{label}: no CUDA device here (torch.cuda.is_available() is False); use cpu "
-                 f"(--devices cpu), or install a CUDA build of torch on a GPU machine")
         for d in out:
             try:
-                check_device(d)
+                check_device(d, use_cpu="cpu (--devices cpu)")
             except ConfigError as e:
-                fail(f"{label}: {e.rule}; use cuda (or an existing cuda:K) or cpu")
+                fail(f"{label}: {e.rule}")
     return list(dict.fromkeys(out))
 
 

@@ -1,11 +1,17 @@
-"""Executors: one contract (:class:`Executor`), backends ``serial``, ``shm`` (and ``ray``)."""
+"""Executors: one contract (:class:`Executor`; its tuner half written down as
+:class:`~auturi.executor.contract.ExecutorLike`), backends ``serial``, ``shm`` (and ``ray``),
+made by :func:`make_executor`; :func:`warm_backend` starts a backend's servers before there
+is an executor."""
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
 from auturi.config import Config
 from auturi.envs import EnvLike
 from auturi.executor.base import Executor
+from auturi.executor.contract import ExecutorLike, MoveCost
 from auturi.policy import Policy
 
 BACKENDS = ("serial", "shm", "ray")
@@ -25,7 +31,7 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
         config: the layout (:class:`~auturi.Config`); default: the serial one.
         backend: ``"shm"`` (processes and shared memory, the default), ``"serial"``
             (everything in this process) or ``"ray"`` (one Ray actor per actor, on a Ray
-            cluster; ``address=`` picks the cluster, see :mod:`auturi.executor.ray_backend`;
+            cluster; ``address=`` picks the cluster, see :mod:`auturi.executor.ray`;
             needs ``pip install "auturi[ray]"``).
         seed: env ``i`` is seeded ``seed + i``; action noise is drawn from it too.
 
@@ -56,10 +62,38 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
         if importlib.util.find_spec("ray") is None:
             raise ImportError('backend="ray" needs Ray, which is not installed: pip install "auturi[ray]" '
                               '(or use backend="shm" on one machine)')
-        from auturi.executor.ray_backend import RayExecutor  # imports ray only when used
+        from auturi.executor.ray import RayExecutor  # imports ray only when used
 
         return RayExecutor(env, policy, num_envs, config, seed=seed, **kwargs)
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
-__all__ = ["Executor", "make_executor", "BACKENDS"]
+def warm_backend(backend: str, *, policy_processes: bool = True) -> Callable[[], None]:
+    """Start now, in the background, what ``backend``'s worker processes fork from, before
+    any executor exists (``auturi tune`` does, so the imports run while it probes the env and
+    builds the policy); returns a function that blocks until that serves, to call before a
+    measurement (whose collects must not share the cores with those imports).
+
+    ``shm`` under the ``forkserver`` start method (the default): the env workers' forkserver
+    and, with ``policy_processes``, the torch one. Other backends and start methods: nothing
+    (the returned function returns at once).
+
+    >>> warm_backend("serial")()  # nothing to start
+    """
+    if backend != "shm" or os.environ.get("AUTURI_START_METHOD", "forkserver") != "forkserver":
+        return _nothing
+    from auturi.executor.shm.forkservers import start_servers, wait_ready
+
+    start_servers(torch=policy_processes)
+
+    def wait() -> None:
+        wait_ready(torch=policy_processes)
+
+    return wait
+
+
+def _nothing() -> None:
+    """What :func:`warm_backend` returns when it started nothing."""
+
+
+__all__ = ["Executor", "ExecutorLike", "MoveCost", "make_executor", "warm_backend", "BACKENDS"]

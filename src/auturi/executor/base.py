@@ -1,6 +1,13 @@
 """The executor contract every backend implements, and what the backends share: input
 resolution, probing, the rollout arrays, per-env noise and building the :class:`Rollout`.
 
+The contract has two halves: the faces' (``collect``, ``reconfigure``, ``set_policy_state``,
+``close``) and the tuner's (``move_cost``, ``prepare``, ``warming``; written down in
+:mod:`auturi.executor.contract` as :class:`~auturi.executor.contract.ExecutorLike`). A
+backend implements the first through ``_apply_config``, ``_run_actors`` and the other
+abstract methods, and answers the second through the hooks ``_processes_started``,
+``_cold_servers`` and ``_warm_for`` (defaults: the ``shm`` plans' diff, nothing to warm).
+
 Example:
     >>> import auturi
     >>> from auturi.envs import CountingEnv
@@ -26,10 +33,12 @@ from auturi.config import Config
 from auturi.envs import EnvLike, resolve_env_fns
 from auturi.errors import AuturiError, ConfigError
 from auturi.executor.buffers import ArrayBlock
+from auturi.executor.contract import MoveCost, started_devices
+from auturi.executor.layout import LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.noise import NoiseStreams
 from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
 from auturi.policy import Policy
-from auturi.resources import cuda_device_count
+from auturi.resources import check_device
 from auturi.rollout import CollectStats, Rollout
 
 WORKER_TIMEOUT = 60.0
@@ -206,6 +215,67 @@ class Executor(abc.ABC):
                 self._block.close()
                 self._block = None
 
+    # ------------------------------------------------------- contract: the tuner's half
+    def move_cost(self, config: Config, origin: Config | None = None) -> MoveCost:
+        """What a reconfigure from ``origin`` (default: the current layout) to ``config``
+        would start: processes, the servers they fork from that do not serve yet, and CUDA
+        devices to initialise (:class:`~auturi.executor.contract.MoveCost`). Starts nothing;
+        the tuner prices a move by it.
+
+        >>> import auturi, gymnasium as gym
+        >>> from auturi.envs import CountingEnv
+        >>> with auturi.make_executor(CountingEnv, auturi.RandomPolicy(gym.spaces.Discrete(3)), 4,
+        ...                           backend="serial") as ex:
+        ...     cost = ex.move_cost(auturi.Config(num_actors=2, envs_per_actor=2))
+        >>> cost.cold_servers, cost.devices   # a CPU policy, no server to start
+        (0, 0)
+        """
+        origin = self.config if origin is None else origin
+        if config == origin:
+            return MoveCost()
+        old, new = self._plan_for(origin), self._plan_for(config)
+        started = self._processes_started(old, new)
+        return MoveCost(len(started), self._cold_servers(config) if started else 0,
+                        started_devices(started, old, new))
+
+    def prepare(self, config: Config) -> None:
+        """Get ready for a move to ``config`` ahead of it: start in the background what a
+        reconfigure to it would wait for (``shm``: the forkservers its new processes fork
+        from); :attr:`warming` says when that is done. Changes neither the layout nor any
+        collect's data; idempotent; nothing where the backend has nothing to start ahead."""
+        self._check_open()
+        self._warm_for(config)
+
+    @property
+    def warming(self) -> bool:
+        """Whether what :meth:`prepare` started is still starting: it shares the cores, so a
+        collect timed meanwhile reads slow (the online tuner does not measure it)."""
+        return False
+
+    @property
+    def last_num_steps(self) -> int:
+        """Steps per env of the last collect (0 before the first): the training's collect
+        length, which the tuner's profile reads."""
+        return max(0, self._num_steps)
+
+    # -- the tuner half's hooks (a backend with more to say overrides them)
+    def _plan_for(self, config: Config) -> LayoutPlan:
+        """``config``'s layout plan as this backend runs it (default: this machine's)."""
+        return plan_layout(config)
+
+    def _processes_started(self, old: LayoutPlan, new: LayoutPlan) -> tuple[ProcessPlan, ...]:
+        """The processes a reconfigure from plan ``old`` to ``new`` starts (default: those
+        with no live counterpart, :meth:`LayoutPlan.diff`)."""
+        return old.diff(new).started
+
+    def _cold_servers(self, config: Config) -> int:
+        """Servers the processes of ``config`` fork from that do not serve yet (default: none)."""
+        return 0
+
+    def _warm_for(self, config: Config) -> None:
+        """Start in the background what a reconfigure to ``config`` would wait for (default:
+        nothing; see :meth:`prepare`)."""
+
     def __enter__(self) -> "Executor":
         return self
 
@@ -303,18 +373,3 @@ def _round_trips(env: Any) -> bool:
     except Exception:
         pass
     return True
-
-
-def check_device(device: str) -> None:
-    """Raise :class:`ConfigError` when ``device`` names a GPU this machine lacks
-    (:func:`auturi.resources.cuda_device_count`)."""
-    if device == "cpu":
-        return
-    count = cuda_device_count()
-    if not count:
-        raise ConfigError("policy_device", device,
-                          "no CUDA device is available here (torch.cuda.is_available() is False); "
-                          "use policy_device='cpu', or install a CUDA build of torch on a GPU machine")
-    idx = int(device.split(":")[1]) if ":" in device else 0
-    if idx >= count:
-        raise ConfigError("policy_device", device, f"only {count} CUDA device(s) exist (cuda:0..cuda:{count - 1})")

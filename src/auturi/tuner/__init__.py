@@ -7,9 +7,13 @@
 - :mod:`~auturi.tuner.strategies`: ``grid``, ``optuna`` and ``model`` (the default);
 - :mod:`~auturi.tuner.profile`: component profiling and the analytic model;
 - :mod:`~auturi.tuner.offline`: :class:`Tuner`; :mod:`~auturi.tuner.online`:
-  :class:`OnlineTuner` (its profile from the training's first rollouts:
-  :mod:`~auturi.tuner.rollout_profile`); :mod:`~auturi.tuner.result`: :class:`TuneResult`,
-  :class:`TuneError`, :class:`TunerEvent`; :mod:`~auturi.tuner.session`: what both share;
+  :class:`OnlineTuner`, the phase machine inside training (its thresholds:
+  :mod:`~auturi.tuner.online_settings`, :class:`OnlineSettings`; what a move costs and saves:
+  :mod:`~auturi.tuner.online_moves` by the rule of :mod:`~auturi.tuner.payback`; its profile
+  from the training's first rollouts: :mod:`~auturi.tuner.rollout_profile`);
+  :mod:`~auturi.tuner.result`: :class:`TuneResult`, :class:`TuneError`, :class:`TunerEvent`;
+  :mod:`~auturi.tuner.session`: what both share. Of an executor the tuners use only the
+  contract (:class:`auturi.executor.contract.ExecutorLike`);
 - :mod:`~auturi.tuner.api`: :func:`tune`, the command line's job from Python (``auturi.tune``);
 - :mod:`~auturi.tuner.cache`: JSON results, fingerprints and the cache of past choices.
 
@@ -49,6 +53,7 @@ from auturi.tuner.strategies import (
 )
 from auturi.tuner.offline import Tuner
 from auturi.tuner.online import OnlineTuner
+from auturi.tuner.online_settings import OnlineSettings
 from auturi.tuner.result import TuneError, TuneResult, TunerEvent
 from auturi.tuner.api import TuneReport, tune
 
@@ -56,6 +61,7 @@ __all__ = [
     "GridStrategy",
     "MeasureProtocol",
     "ModelStrategy",
+    "OnlineSettings",
     "OnlineTuner",
     "OptunaStrategy",
     "Profile",

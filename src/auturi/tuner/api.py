@@ -359,26 +359,21 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     Then ``auturi.wrap(model, config=result.config)`` (SB3) trains with it.
     """
     budget = _check_budget(num_envs, num_steps, budget_trials, budget_seconds, max_trial_seconds)
-    from auturi.executor import BACKENDS, make_executor
+    from auturi.executor import BACKENDS, make_executor, warm_backend
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     built_in = isinstance(policy, str)
-    forks = backend == "shm" and os.environ.get("AUTURI_START_METHOD", "forkserver") == "forkserver"
-    if forks:
-        # The workers' forkservers import gymnasium (and torch) on another core while this
-        # process probes the env and builds the policy (start-up, not tuning).
-        from auturi.executor.shm.forkservers import start_servers, wait_ready
-
-        start_servers(torch=built_in)
+    # What the backend's workers fork from imports (gymnasium, torch) on another core while
+    # this process probes the env and builds the policy (start-up, not tuning).
+    wait_ready = warm_backend(backend, policy_processes=built_in)
     if built_in:
         policy, _ = builtin_policy(policy, *probe_spaces(env))
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
                   cache=None if cache else False, callback=callback, seed=seed)
     with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
-        if forks:  # no forkserver import may share the cores with the first measurement
-            wait_ready(torch=built_in)
+        wait_ready()  # no such import may share the cores with the first measurement
         if on_start is not None:
             on_start(tuner, ex)
         recorder = _StatsRecorder(ex)

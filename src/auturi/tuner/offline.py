@@ -1,6 +1,11 @@
 """Offline tuning (:class:`Tuner`): measure configs on an executor, choose, re-measure the
 choice against the start and serial configs, and leave the executor reconfigured.
 
+Over 400 lines: one run in three stages (search, the close finalists' interleaved re-measure,
+the confirm rounds) that share the budget's clock and the trials; the protocol they measure
+by is :mod:`~auturi.tuner.measure`, what they share with the online tuner
+:mod:`~auturi.tuner.session`.
+
 Example:
     >>> import gymnasium as gym, auturi
     >>> from auturi.envs import CountingEnv

@@ -68,7 +68,7 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.executor.layout import plan_layout
-from auturi.resources import usable_cores
+from auturi.resources import ray_node_cores, usable_cores
 
 DEFAULT_IPC_SECONDS = 60e-6
 """Round trip to a worker process before any measurement: a semaphore wake-up on a busy
@@ -509,8 +509,7 @@ def collect_fields(executor: Any, num_steps: int | None = None,
     policy's state that each update ships to every remote actor.
     """
     if num_steps is None:
-        # Executor keeps the last collect's length private; a tuner's wrapper forwards it.
-        num_steps = max(0, int(getattr(executor, "_num_steps", 0) or 0))
+        num_steps = max(0, int(getattr(executor, "last_num_steps", 0) or 0))  # Executor.last_num_steps
     out: dict[str, Any] = {"num_steps": int(num_steps)}
     if str(getattr(executor, "backend", "")) != "ray":
         return out
@@ -522,20 +521,6 @@ def collect_fields(executor: Any, num_steps: int | None = None,
 
         out["weights_bytes"] = len(cloudpickle.dumps(policy.get_state()))
     return out
-
-
-def ray_node_cores() -> tuple[int, ...]:
-    """CPUs of each alive node of the connected Ray cluster, the caller's node first (the
-    one whose actors share the caller's object store); () when not connected."""
-    try:
-        import ray
-    except ImportError:
-        return ()
-    if not ray.is_initialized():
-        return ()
-    here = ray.get_runtime_context().get_node_id()
-    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n.get("NodeID") != here)
-    return tuple(int(n.get("Resources", {}).get("CPU", 0)) for n in nodes)
 
 
 def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 20,

@@ -27,14 +27,12 @@ import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from auturi.config import Config
+from auturi.errors import ConfigError
+from auturi.resources import ClusterResources, check_device, usable_cores
+from auturi.resources import ray_cluster_resources  # noqa: F401 - re-exported, for build_space(cluster=...)
 from auturi.resources import cuda_device_count as _cuda_device_count  # a module name tests patch
-from auturi.resources import usable_cores
-
-if TYPE_CHECKING:
-    from auturi.executor.ray_backend import ClusterResources
 
 #: A config with more processes than this many times the usable cores is pruned: beyond it
 #: the processes only time-slice, and start-up alone costs seconds per trial. Env-stepping
@@ -64,13 +62,11 @@ def available_devices() -> list[str]:
 
 
 def _device_problem(device: str, cuda_count: int) -> str | None:
-    if device == "cpu":
-        return None
-    if cuda_count == 0:
-        return "cuda unavailable (torch.cuda.is_available() is False)"
-    idx = int(device.split(":")[1]) if ":" in device else 0
-    if idx >= cuda_count:
-        return f"cuda unavailable: {device} does not exist ({cuda_count} CUDA device(s))"
+    """Why ``device`` cannot run here (:func:`~auturi.resources.check_device`'s rule), or None."""
+    try:
+        check_device(device, cuda_count)
+    except ConfigError as e:
+        return f"cuda unavailable: {e.rule}"
     return None
 
 
@@ -245,16 +241,9 @@ def config_problem(config: Config, cores: int, cuda_count: int | None = None,
     return None
 
 
-def ray_cluster_resources() -> "ClusterResources":
-    """The connected Ray cluster's CPUs and GPUs per node, for ``build_space(cluster=...)``."""
-    from auturi.executor.ray_backend import ray_cluster_resources as resources
-
-    return resources()
-
-
 def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[str] | None = None,
                 num_envs_options: Iterable[int] | None = None,
-                cluster: "ClusterResources | None" = None, env_cpu_fraction: float = 1.0) -> SearchSpace:
+                cluster: ClusterResources | None = None, env_cpu_fraction: float = 1.0) -> SearchSpace:
     """Every valid config for ``num_envs`` envs on this machine.
 
     Args:

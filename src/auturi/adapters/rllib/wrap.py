@@ -150,7 +150,7 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
         # Now, not at build_algo(): RLlib's EnvRunnerGroup calls ray.put before it builds our
         # runner, and that auto-starts Ray with no address (a new local instance, or whichever
         # cluster this machine ran last, in token-auth mode if ~/.ray/auth_token exists).
-        from auturi.executor.ray_cluster import connect
+        from auturi.executor.ray.cluster import connect
 
         connect(address)
     runners, per = int(algo_config.num_env_runners or 0), int(algo_config.num_envs_per_env_runner)

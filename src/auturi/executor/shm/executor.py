@@ -140,7 +140,15 @@ class ShmExecutor(Executor):
     def needs_warm_start(self, config: Config) -> bool:
         """Whether a reconfigure to ``config`` forks from a server :meth:`warm_start` has not
         started yet (its first process would wait for the server's imports)."""
-        return self._ctx.get_start_method() == "forkserver" and bool(self._servers_for(config) - set(self._warm))
+        return self._cold_servers(config) > 0
+
+    def _cold_servers(self, config: Config) -> int:  # Executor.move_cost
+        if self._ctx.get_start_method() != "forkserver":
+            return 0
+        return len(self._servers_for(config) - set(self._warm))
+
+    def _warm_for(self, config: Config) -> None:  # Executor.prepare
+        self.warm_start(config)
 
     def _servers_for(self, config: Config | None) -> set[str]:
         """The forkservers the processes of ``config``'s layout (every one, for None) fork from:

@@ -1,12 +1,18 @@
 """The caller's side of the ``ray`` backend: :class:`RayExecutor` (see
-:mod:`auturi.executor.ray_backend` for the layout, the connection rules and the failure
-policy). What each Ray actor asks for and runs is the layout plan's
-(:attr:`~auturi.executor.layout.ActorPlan.ray`); nothing is recomputed here."""
+:mod:`auturi.executor.ray` for the layout, the connection rules and the failure policy).
+What each Ray actor asks for and runs is the layout plan's
+(:attr:`~auturi.executor.layout.ActorPlan.ray`); nothing is recomputed here.
+
+Over 400 lines: start-up, in-place reconfigure, collect, the progress watch (``worker_timeout``)
+and the failure and close paths all read and write the same actor table, in-flight calls and
+probes; the watch was a module of its own that reached into this class's state, and is merged
+here for that reason. What stands alone is apart: the connection (:mod:`.cluster`), the Ray
+actor's body (:mod:`.actor`), the clean-up after dead actors (:mod:`.sweep`)."""
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,8 +21,8 @@ from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError, WorkerError
 from auturi.executor.base import Executor
 from auturi.executor.layout import plan_layout, ray_actor_cores
-from auturi.executor.ray_actor import _actor_class, stack_of
-from auturi.executor.ray_cluster import (
+from auturi.executor.ray.actor import actor_class, stack_of
+from auturi.executor.ray.cluster import (
     alive_node_resources,
     check_actor_resources,
     connect,
@@ -30,14 +36,27 @@ from auturi.executor.ray_cluster import (
     unplaceable,
     with_extra,
 )
-from auturi.executor.ray_sweep import CLOSE_SECONDS, _settle, _sweeper, sweep_segments
-from auturi.executor.ray_watch import PROBE_SECONDS, ProgressWatch  # noqa: F401 - re-exported
+from auturi.executor.ray.sweep import CLOSE_SECONDS, settle, sweep_segments, sweeper
 from auturi.executor.shm.channel import DUMP_SECONDS, process_stack, stuck_reason
 
 POLL_SECONDS = 0.2
 """Longest single ``ray.wait``; between them the caller may be interrupted."""
 LIVENESS_SECONDS = 2.0
 """How often a long wait checks that the nodes of the actors it waits for are alive."""
+PROBE_SECONDS = 0.5
+"""How often a collect asks each busy actor for its progress (``worker_timeout``)."""
+
+
+@dataclass
+class _Progress:
+    """What a wait watches (``worker_timeout``, :meth:`RayExecutor._watch`): per actor index, its
+    unanswered progress probe, the last progress word seen and since when."""
+
+    t0: float
+    probes: dict[int, Any] = field(default_factory=dict)
+    seen: dict[int, int] = field(default_factory=dict)
+    since: dict[int, float] = field(default_factory=dict)
+    asked: float = 0.0
 
 
 @dataclass
@@ -82,7 +101,7 @@ class RayExecutor(Executor):
         self._extra = check_actor_resources(actor_resources)
         self._actors: list[_Actor] = []
         self._inflight: dict[int, Any] = {}  # actor index -> ref of its call still running
-        self._probes: list = []  # progress probes still unanswered (settled at close)
+        self._progress: _Progress | None = None  # the current wait's progress probes (settled at close)
         self._pg: Any = None
         self._generation = -1
         self._payload: tuple[Any, Any] | None = None
@@ -91,6 +110,7 @@ class RayExecutor(Executor):
         self._start_timeout = float(start_timeout)
         self._applying: Config | None = None
         self._plan: Any = None
+        self._cluster: Any = None  # the cluster's resources as the last validate read them
         self._uses_local = connect(address)
         try:
             super().__init__(*args, **kwargs)
@@ -117,14 +137,16 @@ class RayExecutor(Executor):
         return [a.pid for a in self._actors]
 
     def validate(self, config: Config) -> None:
-        # The device is checked against the cluster's GPUs, not this process's.
+        # The device is checked against the cluster's GPUs (check_device, in knob_problem), not
+        # this process's.
         super().validate(config.replace(policy_device="cpu") if isinstance(config, Config) else config)
-        found = ray_cluster_resources().knob_problem(config)
+        self._cluster = ray_cluster_resources()
+        found = self._cluster.knob_problem(config)
         if found:
             knob, why = found
             raise ConfigError(knob, getattr(config, knob), f"the Ray cluster cannot run {config}: {why}")
         if self._extra:
-            bundle = with_extra(plan_layout(config, cluster=ray_cluster_resources()).actors[0].ray.bundle,  # type: ignore[union-attr]
+            bundle = with_extra(plan_layout(config, cluster=self._cluster).actors[0].ray.bundle,  # type: ignore[union-attr]
                                 self._extra)
             why = unplaceable(bundle, config.num_actors, alive_node_resources())
             if why:
@@ -136,9 +158,9 @@ class RayExecutor(Executor):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        plan = plan_layout(config, cluster=ray_cluster_resources())
+        plan = self._plan_for(config)
         self._applying = config
-        if self._keeps_actors(plan):
+        if self._actors and self._keeps_actors(self._plan, plan):
             self._reconfigure_in_place(plan)
             return
         ended = self._plan.num_processes if self._plan is not None and self._actors else 0
@@ -158,7 +180,7 @@ class RayExecutor(Executor):
                               f"hold its resources): add nodes, free them, or run fewer or smaller actors")
         if self._payload is None:
             self._payload = (ray.put(self.env_fns), ray.put(self.policy))
-        cls = _actor_class()
+        cls = actor_class()
         self._actors = [
             _Actor(ap.index, cls.options(num_cpus=bundles[ap.index]["CPU"], num_gpus=bundles[ap.index].get("GPU", 0),
                                          resources=custom_of(bundles[ap.index]),
@@ -179,13 +201,21 @@ class RayExecutor(Executor):
                                                    cores[a.index], self.worker_timeout)
                     for a in self._actors}, self._start_timeout)
 
-    def _keeps_actors(self, plan: Any) -> bool:
-        """Whether every running Ray actor keeps its role in ``plan`` (the layout diff's: same
-        envs, device, threads) and its bundle. All or none: the actors share one placement
-        group, and Ray cannot resize a bundle under a running actor (a change of processes per
-        actor or of GPU restarts them all)."""
-        old = self._plan
-        if old is None or not self._actors or len(old.actors) != len(plan.actors):
+    def _plan_for(self, config: Config) -> Any:
+        """``config``'s plan on the cluster (the tuner half's ``move_cost`` diffs two)."""
+        return plan_layout(config, cluster=self._cluster or ray_cluster_resources())
+
+    def _processes_started(self, old: Any, new: Any) -> tuple:
+        """Every process of ``new`` when the Ray actors restart, else those the actors'
+        own executors start (:meth:`_keeps_actors`)."""
+        return old.diff(new).started if self._keeps_actors(old, new) else new.processes
+
+    def _keeps_actors(self, old: Any, plan: Any) -> bool:
+        """Whether every Ray actor of plan ``old`` keeps its role in ``plan`` (the layout
+        diff's: same envs, device, threads) and its bundle. All or none: the actors share one
+        placement group, and Ray cannot resize a bundle under a running actor (a change of
+        processes per actor or of GPU restarts them all)."""
+        if old is None or len(old.actors) != len(plan.actors):
             return False
         kept = {n.actor for o, n in old.diff(plan).kept if n.kind == "actor" and o.actor == n.actor}
         return all(n.index in kept and with_extra(o.ray.bundle, self._extra) == with_extra(n.ray.bundle, self._extra)
@@ -254,7 +284,9 @@ class RayExecutor(Executor):
         self._inflight = dict(refs)
         out: dict[int, Any] = {}
         t0 = checked = time.monotonic()
-        watch = ProgressWatch(self, t0) if timeout is None else None
+        progress = None
+        if timeout is None:  # a collect or weight update: watched (its probes are settled at close)
+            progress = self._progress = _Progress(t0)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
             for ref in ready:
@@ -268,12 +300,42 @@ class RayExecutor(Executor):
             if pending and now - checked > LIVENESS_SECONDS:
                 checked = now
                 self._check_nodes([by_ref[r] for r in pending])
-            if pending and watch is not None:
-                watch.check([by_ref[r] for r in pending], now)
+            if pending and progress is not None:
+                self._watch(progress, [by_ref[r] for r in pending], now)
             if pending and timeout is not None and now - t0 > timeout:
                 slow = ", ".join(self._actors[by_ref[r]].name for r in pending)
                 raise AuturiError(f"{slow}: no answer within {timeout:.0f} s")
         return out
+
+    def _watch(self, progress: _Progress, indices: list[int], now: float) -> None:
+        """``worker_timeout`` for the Ray actors ``indices`` a collect or weight update waits
+        on: every ``PROBE_SECONDS`` each is asked for its progress word
+        (``RayActorHost.progress``, in its ``control`` thread); one whose word has not moved,
+        or that has not answered, for ``worker_timeout`` seconds is stuck (:meth:`_stuck`). An
+        actor waiting on a stuck worker of its own keeps moving its word and reports that
+        worker itself, so the innermost stuck process is named."""
+        import ray
+
+        if progress.probes:
+            ready, _ = ray.wait(list(progress.probes.values()), num_returns=len(progress.probes), timeout=0)
+            for i, ref in list(progress.probes.items()):
+                if ref in ready:
+                    del progress.probes[i]
+                    try:
+                        value = ray.get(ref)
+                    except Exception:  # a dead actor: its own call fails and says why
+                        continue
+                    if value != progress.seen.get(i):
+                        progress.seen[i], progress.since[i] = value, now
+        for i in indices:
+            idle = now - progress.since.setdefault(i, progress.t0)
+            if idle > self.worker_timeout:
+                raise self._stuck(self._actors[i], idle)
+        if now - progress.asked >= PROBE_SECONDS:
+            progress.asked = now
+            for i in indices:
+                if i not in progress.probes:
+                    progress.probes[i] = self._actors[i].handle.progress.options(concurrency_group="control").remote()
 
     def _stuck(self, actor: _Actor, idle: float) -> WorkerError:
         """The :class:`WorkerError` for an actor that made no progress for ``idle`` seconds,
@@ -333,7 +395,8 @@ class RayExecutor(Executor):
         group removed, whatever happened before."""
         actors, self._actors = self._actors, []
         busy, self._inflight = self._inflight, {}
-        probes, self._probes = self._probes, []
+        progress, self._progress = self._progress, None
+        probes = list(progress.probes.values()) if progress is not None else []
         pg, self._pg = self._pg, None
         if not actors and pg is None:
             return
@@ -346,7 +409,7 @@ class RayExecutor(Executor):
             # abort runs at once in its own thread; close runs after the actor's running call
             aborts = [a.handle.abort.options(concurrency_group="control").remote() for a in actors if a.index in busy]
             closes = {a.handle.close.remote(): a.index for a in actors}
-            _settle(aborts + list(closes) + list(busy.values()), CLOSE_SECONDS, closes, closed)
+            settle(aborts + list(closes) + list(busy.values()), CLOSE_SECONDS, closes, closed)
         finally:
             for a in actors:
                 try:
@@ -356,9 +419,9 @@ class RayExecutor(Executor):
             # A dead or killed actor could not unlink its segments (Ray ends its resource
             # tracker with it): unlink them on its node once it is gone.
             dead = [a for a in actors if a.index not in closed and a.pid]
-            sweeps = [_sweeper().options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node, soft=False))
+            sweeps = [sweeper().options(scheduling_strategy=NodeAffinitySchedulingStrategy(a.node, soft=False))
                       .remote(a.pid) for a in dead]
-            _settle(sweeps + probes, CLOSE_SECONDS)
+            settle(sweeps + probes, CLOSE_SECONDS)
             # And here for actors on this machine, whatever became of those tasks (one was
             # seen to miss segments): the names carry the pid, so this is exact.
             here = ray.util.get_node_ip_address()

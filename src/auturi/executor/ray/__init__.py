@@ -46,17 +46,17 @@ ends their processes and unlinks their shared memory), then kills every Ray acto
 is killed at once, and its processes end by themselves (each watches its parent) and its
 segments are unlinked by its resource tracker.
 
-Modules by role: ``ray_cluster`` (resources, connection, lost nodes), ``ray_actor`` (the Ray
-actor's body), ``ray_sweep`` (clean-up after dead actors), ``ray_watch`` (``worker_timeout``),
-``ray_executor`` (:class:`RayExecutor`);
-this module re-exports their public names.
+Modules by role: ``cluster`` (resources, connection, lost nodes), ``actor`` (the Ray actor's
+body), ``sweep`` (clean-up after dead actors), ``executor`` (:class:`RayExecutor`, with its
+progress watch for ``worker_timeout``); this package re-exports their public names. Ray itself
+is imported only when a function needs it (importing this package does not start Ray).
 """
 from __future__ import annotations
 
-from auturi.executor.ray_actor import RayActorHost, SliceExecutor, stack_of
-from auturi.executor.ray_cluster import ClusterResources, connect, ray_cluster_resources, release
-from auturi.executor.ray_executor import LIVENESS_SECONDS, POLL_SECONDS, PROBE_SECONDS, RayExecutor
-from auturi.executor.ray_sweep import CLOSE_SECONDS, sweep_segments
+from auturi.executor.ray.actor import RayActorHost, SliceExecutor, stack_of
+from auturi.executor.ray.cluster import ClusterResources, connect, ray_cluster_resources, release
+from auturi.executor.ray.executor import LIVENESS_SECONDS, POLL_SECONDS, PROBE_SECONDS, RayExecutor
+from auturi.executor.ray.sweep import CLOSE_SECONDS, sweep_segments
 
 __all__ = ["RayExecutor", "RayActorHost", "SliceExecutor", "ClusterResources", "ray_cluster_resources", "connect",
            "release", "sweep_segments", "stack_of", "POLL_SECONDS", "LIVENESS_SECONDS", "CLOSE_SECONDS",

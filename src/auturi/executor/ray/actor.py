@@ -37,6 +37,12 @@ class SliceExecutor(ShmExecutor):
         self.reconfigure(config)
         return {**self.last_reconfigure, "generation": self._generation}
 
+    def progress_word(self) -> int:
+        """This executor's progress word (bumped per row stepped and while it waits on a worker
+        of its own, which it watches itself); -1 before its first layout or once closed."""
+        ctrl = self._ctrl
+        return -1 if ctrl is None else int(ctrl["hdr"][BEAT])
+
     def kill_workers(self) -> None:
         """SIGKILL every worker process (from another thread, while a collect may be
         waiting on them: that collect then fails, and the executor closes itself)."""
@@ -62,8 +68,7 @@ class RayActorHost:
         it also moves while the actor waits on a worker of its own, which it watches itself).
         A stopped actor, or one stuck in C code holding the GIL, does not answer."""
         ex = self.ex
-        ctrl = None if ex is None else ex._ctrl
-        return -1 if ctrl is None else int(ctrl["hdr"][BEAT])
+        return -1 if ex is None else ex.progress_word()
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -127,7 +132,8 @@ class RayActorHost:
 _remote_cls: Any = None
 
 
-def _actor_class() -> Any:
+def actor_class() -> Any:
+    """:class:`RayActorHost` as a Ray actor class (made once, when first needed: Ray is imported here)."""
     global _remote_cls
     if _remote_cls is None:
         import ray
@@ -135,7 +141,6 @@ def _actor_class() -> Any:
         # "control": a second thread for abort(), beside the default one that runs collects
         _remote_cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={"control": 1})(RayActorHost)
     return _remote_cls
-
 
 
 def stack_of(pid: int, fd: int) -> tuple[str, str]:

@@ -37,7 +37,8 @@ def sweep_segments(pid: int, wait: float = CLOSE_SECONDS) -> int:
 _sweep_task: Any = None
 
 
-def _sweeper() -> Any:
+def sweeper() -> Any:
+    """:func:`sweep_segments` as a Ray task (made once, when first needed: Ray is imported here)."""
     global _sweep_task
     if _sweep_task is None:
         import ray
@@ -46,8 +47,7 @@ def _sweeper() -> Any:
     return _sweep_task
 
 
-
-def _settle(refs: list, timeout: float, watch: dict | None = None, ok: set | None = None) -> None:
+def settle(refs: list, timeout: float, watch: dict | None = None, ok: set | None = None) -> None:
     """Wait (at most ``timeout`` s in all) for ``refs``, swallowing their errors (they are
     expected while closing, and Ray would log them as unhandled); ``ok`` gets
     ``watch[ref]`` for each ref in ``watch`` that succeeded."""

@@ -1,0 +1,202 @@
+"""The online tuner's payback rule, as pure functions: does trying another layout pay for
+itself before the training ends?
+
+A move's **benefit** is the seconds it saves: each collect left after the trial's warm-up
+(its measured collects run at the new layout too) faster by the gain the model predicts over
+the best measured config, times the share of their promise this run's trials delivered
+(:func:`discount`; one half before any). Its **cost**: reconfiguring there and back, each
+priced by the processes it starts at what a started process cost in this run
+(:func:`reconfigure_estimate`), a worker server's start where its processes need one, and the
+trial's warm-up and first sample at half speed; once search trials ran, at least what they
+cost on average. A gain below ``min_gain`` weighs nothing. :class:`~auturi.tuner.OnlineTuner`
+gathers the inputs (its trials, the executor's ``move_cost``) and records what it declines;
+:func:`declined_now_paying` re-reads such a record for a longer run.
+
+Example (a 20% faster layout, 100 collects of 0.5 s left, two processes to start):
+    >>> per = benefit_per_collect(1250.0, 1000.0, collect_steps=500, discount=0.5, min_gain=0.05)
+    >>> there = reconfigure_estimate([], started=2)
+    >>> benefit, cost = payback(left=100, per_collect=per, warmup_collects=1, collect_seconds=0.5,
+    ...                         there_seconds=there, back_seconds=RECONFIGURE_BASE)
+    >>> round(per, 3), round(benefit, 2), round(cost, 2), pays_back(benefit, cost)
+    (0.05, 4.95, 0.86, True)
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from auturi.config import Config
+
+PROCESS_START_PRIOR = 0.15
+"""Seconds one worker process is assumed to add to a reconfigure before this run measured one
+(forked warm from a forkserver: 0.05-0.2 s on a 2-core machine; cold, it was 0.5-2 s)."""
+SERVER_START_PRIOR = 1.0
+"""Seconds of training a worker forkserver's start costs (its imports, torch's above all,
+share the cores with the training for a few seconds), charged to a trial whose processes
+fork from a server not started yet."""
+RECONFIGURE_BASE = 0.03
+"""Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
+DISCOUNT_PRIOR = 0.5
+"""The share of a predicted gain a trial is expected to deliver before any was measured,
+worth one trial (the model's optimistic bound would make a short run pay for trials only a
+long one can afford)."""
+
+
+def reconfigure_estimate(reconfigures: Sequence[Mapping[str, Any]], started: int) -> float:
+    """Seconds a reconfigure that starts ``started`` processes should take, from this run's
+    ``reconfigures`` (the tuner's log: ``{"seconds", "executor": last_reconfigure, "cold"}``):
+    ``RECONFIGURE_BASE`` plus ``started`` times the median seconds per started process (a
+    reconfigure that also started its processes' server, ``cold``, left out: it paid 1-2 s of
+    imports no later one pays), ``PROCESS_START_PRIOR`` before any; for an executor that does
+    not report what it started, the median of its reconfigures.
+
+    >>> reconfigure_estimate([{"seconds": 0.43, "executor": {"started": 2}}], started=4)
+    0.89
+    >>> reconfigure_estimate([{"seconds": 2.0, "executor": {"started": 2}, "cold": True}], 4) == 0.03 + 4 * 0.15
+    True
+    """
+    per = [r["seconds"] / r["executor"]["started"] for r in reconfigures
+           if r.get("executor", {}).get("started") and not r.get("cold")]
+    if per:
+        return RECONFIGURE_BASE + started * statistics.median(per)
+    whole = [r["seconds"] for r in reconfigures if "executor" not in r]  # one that does not say what it started
+    if whole:
+        return statistics.median(whole)
+    return RECONFIGURE_BASE + started * PROCESS_START_PRIOR
+
+
+def discount(realized: Sequence[float]) -> float:
+    """How much of a predicted gain a trial is expected to deliver: the mean of this run's
+    realized fractions (:func:`realized_fraction`) with a prior of ``DISCOUNT_PRIOR`` worth
+    one trial. A model that keeps promising more than the measurements give (a cheap env,
+    where every layout is within noise of serial) stops the search.
+
+    >>> discount([]), discount([0.0, 0.0, 0.0])
+    (0.5, 0.125)
+    """
+    return (DISCOUNT_PRIOR + sum(realized)) / (1 + len(realized))
+
+
+def realized_fraction(promised_gain: float, best_then: float, measured: float | None) -> float:
+    """The share of ``promised_gain`` (a fraction over ``best_then`` steps/s) that a trial
+    measured at ``measured`` steps/s delivered, clipped to [0, 1] (None or 0: a failed trial,
+    nothing).
+
+    >>> realized_fraction(0.5, 1000.0, 2000.0), realized_fraction(0.5, 1000.0, 900.0)
+    (1.0, 0.0)
+    """
+    got = 1.0 - best_then / measured if measured and measured > 0 else -1.0
+    return min(1.0, max(0.0, got / promised_gain))
+
+
+def benefit_per_collect(pred: float | None, best: float | None, *, collect_steps: int, discount: float,
+                        min_gain: float) -> float:
+    """Seconds each collect of ``collect_steps`` steps would save at ``pred`` steps/s against
+    the best measured ``best``, times ``discount``; 0 when either is unknown or the gain is
+    below ``min_gain`` (within noise).
+
+    >>> benefit_per_collect(1040.0, 1000.0, collect_steps=1000, discount=1.0, min_gain=0.05)
+    0.0
+    """
+    if not best or not pred or not math.isfinite(pred):
+        return 0.0
+    gain = max(0.0, 1.0 - best / pred)
+    if gain < min_gain:
+        return 0.0
+    return discount * gain * collect_steps / best
+
+
+def payback(*, left: int, per_collect: float, warmup_collects: int, collect_seconds: float, there_seconds: float,
+            back_seconds: float, server_start: bool = False, search_trials: int = 0,
+            trial_cost: float = 0.0) -> tuple[float, float]:
+    """``(benefit, cost)`` in seconds of trying a layout with ``left`` collects to go.
+
+    Benefit: ``per_collect`` (:func:`benefit_per_collect`) for each collect after the trial's
+    ``warmup_collects``. Cost: ``there_seconds`` and ``back_seconds`` (the reconfigures, each
+    :func:`reconfigure_estimate` of the processes it starts: back to fewer processes starts
+    none), the warm-up and the first sample at half the current ``collect_seconds`` (a slower
+    trial stops after its first sample), ``SERVER_START_PRIOR`` when its processes' server must
+    start; at least ``trial_cost / search_trials`` (what this run's search trials really cost,
+    slow collects included) once any ran. ``(0, 0)`` when there is no benefit to weigh.
+    """
+    if not per_collect:
+        return 0.0, 0.0
+    benefit = per_collect * max(0, left - warmup_collects)
+    cost = there_seconds + back_seconds + 0.5 * collect_seconds * (warmup_collects + 1)
+    if server_start:
+        cost += SERVER_START_PRIOR
+    if search_trials:
+        cost = max(cost, trial_cost / search_trials)
+    return benefit, cost
+
+
+def pays_back(benefit: float, cost: float, factor: float = 1.0) -> bool:
+    """Whether a move's ``benefit`` exceeds ``factor`` times its ``cost`` (and is positive).
+
+    >>> pays_back(2.0, 1.5), pays_back(2.0, 1.5, factor=2.0), pays_back(0.0, 0.0)
+    (True, False, False)
+    """
+    return benefit > factor * cost and benefit > 0
+
+
+def declined_now_paying(declined: Sequence[Mapping[str, Any]], left: int | None) -> Mapping[str, Any] | None:
+    """The first declined move (an entry of ``OnlineTuner.declined``) that pays back over
+    ``left`` collects: its benefit grows with the collects left (the cost does not), at
+    ``benefit_per_collect`` each where recorded (a move declined with no collect left to
+    gain on still has one), else scaled from the benefit computed for the collects it had
+    left then. ``left`` None (unknown): any declined move with a benefit. None when there is
+    none.
+
+    >>> d = {"benefit_seconds": 0.0, "benefit_per_collect": 0.1, "cost_seconds": 2.0, "collects_left": 1}
+    >>> declined_now_paying([d], 10) is None, declined_now_paying([d], 40) is d
+    (True, True)
+    """
+    for d in declined:
+        try:
+            benefit, cost, then = float(d["benefit_seconds"]), float(d["cost_seconds"]), d["collects_left"]
+            per = float(d["benefit_per_collect"]) if d.get("benefit_per_collect") is not None else None
+        except (KeyError, TypeError, ValueError):
+            continue
+        if per is None:
+            per = benefit / float(then) if then else 0.0
+        if not (per > 0 and math.isfinite(cost)):
+            continue
+        if left is None or per * left > cost:
+            return d
+    return None
+
+
+def cached_search_open(online: Mapping[str, Any] | None, left: int | None) -> str | None:
+    """Why a cached record's search is not the answer for a run with ``left`` collects to go
+    (``online``: the record's ``online`` part; None for an offline record, which searched
+    whatever the length), or None when it is. A record is a run's verdict for its own length (a
+    2,000-step smoke run cached serial for an env whose 8 env workers collect 4x faster, and
+    every later run locked it in): the search goes on when that run never locked in, or when
+    one of its declined moves pays back over ``left`` (:func:`declined_now_paying`).
+
+    >>> cached_search_open({"locked": False}, 100)
+    'the run that cached it ended before it locked in'
+    >>> d = {"config": {"num_actors": 2, "envs_per_actor": 4}, "benefit_seconds": 0.0, "benefit_per_collect": 0.1,
+    ...      "cost_seconds": 2.0, "collects_left": 3}
+    >>> cached_search_open({"locked": True, "declined": [d]}, 10) is None
+    True
+    >>> cached_search_open({"locked": True, "declined": [d]}, 40)[:41]
+    'the run that cached it declined actors=2 '
+
+    """
+    if online is None:
+        return None
+    if online.get("locked") is False:
+        return "the run that cached it ended before it locked in"
+    d = declined_now_paying(online.get("declined") or [], left)
+    if d is None:
+        return None
+    return (f"the run that cached it declined {Config.from_dict(d['config'])} with {d['collects_left']} collects "
+            f"left, which pays back over this run's {left_text(left)}")
+
+
+def left_text(left: int | None) -> str:
+    """``left`` collects, in words."""
+    return "an unknown number of collects" if left is None else f"{left} collects"
