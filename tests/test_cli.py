@@ -21,24 +21,25 @@ from auturi import Config
 pytest.importorskip("typer")
 pytest.importorskip("rich")
 
-CONFIG_LINE = re.compile(r"^auturi\.Config\((.*)\)$", re.MULTILINE)
+CONFIG_LINE = re.compile(r"^auturi\.Config\(((?:[^()\n]*,\n)*[^()\n]*)\)$", re.MULTILINE)  # may go on over lines
+COMPACT = re.compile(r"\b\d+x\d+ d\d+ p\d+@(?:cpu|cuda(?::\d+)?) b\d+\b")  # 2x4 d1 p1@cpu b4
 TINY = ["--backend", "serial", "--budget-trials", "3", "--num-envs", "4", "--num-steps", "16",
         "--max-trial-seconds", "1"]
 
 
-def cli_env(tmp: Path) -> dict[str, str]:
-    env = dict(os.environ, COLUMNS="200", AUTURI_CACHE_DIR=str(tmp / "cache"), PYTHONWARNINGS="ignore")
+def cli_env(tmp: Path, columns: int = 200) -> dict[str, str]:
+    env = dict(os.environ, COLUMNS=str(columns), AUTURI_CACHE_DIR=str(tmp / "cache"), PYTHONWARNINGS="ignore")
     env.pop("AUTURI_STATUS_TOKEN", None)
     return env
 
 
-def cli(*args: str, tmp: Path, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+def cli(*args: str, tmp: Path, timeout: float = 120, columns: int = 200, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "auturi.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(tmp), check=False, **kw)
+                          timeout=timeout, env=cli_env(tmp, columns), check=False, **kw)
 
 
 def parse_config_line(text: str) -> Config:
-    """The ``auturi.Config(...)`` line, parsed without eval."""
+    """The ``auturi.Config(...)`` line (continued over lines when it is long), parsed without eval."""
     m = CONFIG_LINE.search(text)
     assert m, f"no auturi.Config(...) line in:\n{text}"
     call = ast.parse(m.group(0), mode="eval").body
@@ -48,11 +49,17 @@ def parse_config_line(text: str) -> Config:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
+    """One tiny run, in a terminal of 80 columns (COLUMNS=80: rich and click read it)."""
     tmp = tmp_path_factory.mktemp("cli")
     out = tmp / "result.json"
     t0 = time.perf_counter()
-    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), tmp=tmp)
+    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), tmp=tmp, columns=80)
     return proc, out, time.perf_counter() - t0, tmp
+
+
+def flat(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces as one space (prose wraps at 80)."""
+    return " ".join(text.split())
 
 
 def test_tune_prints_the_table_and_the_choice(tuned):
@@ -60,14 +67,17 @@ def test_tune_prints_the_table_and_the_choice(tuned):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     text = proc.stdout
-    assert "steps/s" in text and "source" in text and "config" in text  # the table's header
-    rows = [ln for ln in text.splitlines() if "actors=" in ln and "env_degree=" in ln]
+    assert "steps/s" in text and "from" in text and "config" in text  # the table's header
+    rows = table_rows(text)
     assert len(rows) >= 2, text  # at least the baseline and one more measurement
-    assert any(re.search(r"\d[\d,]* .*(start|serial)", r) for r in rows)
-    assert "Choice:" in text and f"Saved: {out}" in text
+    assert any("start" in " ".join(r[5:]) for r in rows), rows  # the start config, measured
+    assert "Choice:" in text and f"Saved: {out}" in flat(text)
     choice = parse_config_line(text)
     assert choice.num_envs == 4
     assert "Tuning CartPole-v1 x 4 envs" in proc.stderr
+    for line in (text + proc.stderr).splitlines():  # read at 80 columns: nothing past them
+        assert len(line) <= 80, line
+    assert "…" not in text
     assert seconds < 60
 
 
@@ -88,44 +98,50 @@ def test_tune_writes_the_json_record(tuned):
     assert rec["strategy"]["name"] == "model"
 
 
+ROW = re.compile(r"^([* ]) +([\d,]+|failed|invalid) +([\d,]+-[\d,]+)? +(\d+) +(" + COMPACT.pattern
+                 + r") +(\w+) *(.*?) *$")
+
+
 def table_rows(text: str) -> list[list[str]]:
-    """The body rows of the printed trials table, as stripped cells."""
-    return [[c.strip() for c in ln.strip().strip("│").split("│")] for ln in text.splitlines()
-            if ln.startswith("│") and "actors=" in ln]
+    """The body rows of the printed trials table: [mark, steps/s, interval, n, config, from, note]."""
+    return [[g or "" for g in m.groups()] for m in map(ROW.match, text.splitlines()) if m]
 
 
 def test_the_starred_row_is_what_the_choice_line_prints_and_counts_agree(tuned):
     proc, out, _, _ = tuned
     text, rec = proc.stdout, json.loads(out.read_text())
     rows = table_rows(text)
-    starred = [r for r in rows if r[-2].endswith(" *")]
+    configs = [r[4] for r in rows]
+    assert len(configs) == len(set(configs)), rows  # one row per config
+    starred = [r for r in rows if r[0] == "*"]
     assert len(starred) == 1 and starred[0] is rows[0], text  # one star, on the top row
-    assert starred[0][-3] == "confirm" == rec["choice"]["source"]  # measured after the choice was made
-    steps, interval, n = starred[0][0], starred[0][1], int(starred[0][2])
-    choice_line = text.split("Choice:")[1].splitlines()[1]
-    assert choice_line.strip().startswith(f"{steps} steps/s, interval {interval}, median of {n}"), choice_line
+    assert starred[0][5] == "confirm" == rec["choice"]["source"]  # measured after the choice was made
+    steps, interval, n = starred[0][1], starred[0][2], int(starred[0][3])
+    assert starred[0][4] == COMPACT.search(text.split("Choice:")[1]).group(0)
+    choice_line = flat(text.split("Choice:")[1].split("\n", 1)[1])
+    assert choice_line.startswith(f"{steps} steps/s, interval {interval} ("), choice_line
+    assert f"%), median of {n}; {rec['choice']['speedup_vs_serial']:.2f}x serial" in choice_line
     assert n >= 3 and interval  # an interval, and at least 3 samples behind it
-    assert f"{rec['choice']['speedup_vs_serial']:.2f}x serial" in choice_line
     for r in rows:  # no interval printed from fewer than 3 samples
-        assert (r[1] != "") == (int(r[2]) >= 3), r
+        assert (r[2] != "") == (int(r[3]) >= 3), r
     # The title and the "why" line give the same counts.
-    title = re.search(r"Trials: (\d+) measured \((\d+) baselines \+ (\d+) searched", text)
-    why = re.search(r"why: (\d+) configs measured \((\d+) baselines \+ (\d+) of", text)
+    title = re.search(r"Trials: (\d+) configs measured \((\d+) baselines? \+ (\d+) of \d+ searched", flat(text))
+    why = re.search(r"why: (\d+) configs measured \((\d+) baselines \+ (\d+) of", flat(text))
     assert title and why and title.groups() == why.groups(), text
     assert int(title.group(1)) == len(rec["trials"]) == rec["counts"]["measured"]
 
 
-def test_every_note_word_is_explained(tuned, tmp_path):
+def test_every_word_of_the_table_is_explained(tuned, tmp_path):
+    """The table's legend is short (the notation and the interval); --help explains each word."""
     from auturi.cli import NOTES, SOURCES
 
     proc, _, _, _ = tuned
-    rows = table_rows(proc.stdout)
-    footer = proc.stdout.split("└")[-1].split("Choice:")[0]
-    for r in rows:
-        if r[-1]:
-            assert f"{r[-1]}: " in " ".join(footer.split()), (r[-1], footer)
-        assert f"{r[-3]}: " in " ".join(footer.split()), (r[-3], footer)
-    helptext = " ".join(cli("tune", "--help", tmp=tmp_path).stdout.replace("│", " ").split())
+    assert "config 2x8 d2 p1@cpu b8: 2 actors x 8 envs each" in flat(proc.stdout)
+    helptext = flat(cli("tune", "--help", tmp=tmp_path, columns=80).stdout)
+    for r in table_rows(proc.stdout):
+        assert f"{r[5]}: " in helptext, r
+        for word in filter(None, r[6].split(", ")):
+            assert f"{word}: " in helptext, (word, r)
     for word in list(NOTES) + list(SOURCES):
         assert f"{word}: " in helptext, word
 
@@ -139,7 +155,7 @@ def test_tune_says_why_the_choice_wins(tuned):
     assert {"env", "inference", "waiting", "ipc"} == set(explain["splits"][0]["split"])
     assert "Where each finalist's collect time goes" in proc.stdout
     m = re.search(r"the choice reaches (\d+)% of what (\d+ cores can step|inference allows|the envs allow)",
-                  proc.stdout)
+                  flat(proc.stdout))
     assert m, proc.stdout
     assert int(m.group(1)) == round(100 * explain["limit_share"])
     shown = cli("show", str(out), tmp=tmp)
@@ -181,6 +197,32 @@ def test_show_prints_the_table_and_the_config_line(tuned):
     assert proc.returncode == 0
     shown = json.loads(proc.stdout)
     assert Config.from_dict(shown["choice"]) == parse_config_line(shown["config_line"])
+
+
+def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tuned):
+    """The module's first run stored its record in the cache: a second one with the same
+    workload starts from it and says so, naming the file and --no-cache, on stderr at the
+    start and in the report. Not in a terminal (stdin is not a TTY here), a --status-port page
+    stops with the run, and the last line says where its final state is kept."""
+    first, _, _, tmp = tuned
+    assert "Reusing" not in first.stderr and "Cache:" not in first.stdout  # it started afresh: nothing to say
+    cached = list((tmp / "cache").glob("*.json"))
+    assert len(cached) == 1, cached
+    page = importlib.util.find_spec("fastapi") is not None  # the status server is the [server] extra
+    out = tmp / "second.json"
+    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), *(["--status-port", "0"] if page else []),
+               tmp=tmp, columns=80, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    err, report = flat(proc.stderr), flat(proc.stdout)
+    assert f"Reusing the cached choice from {cached[0]} (" in err and "(auturi tune --no-cache to measure" in err
+    assert f"Cache: this run started from the choice cached in {cached[0]} (auturi tune --no-cache" in report
+    assert json.loads(out.read_text())["cache_hit"] is True
+    if page:
+        last = flat(proc.stderr.split("Status: ")[-1])
+        assert re.search(rf"The status page at http://127\.0\.0\.1:\d+/ stopped with the run; its final state is "
+                         rf"the record {re.escape(str(out))} \(auturi show {re.escape(str(out))}\)", last), last
+    for line in (proc.stdout + proc.stderr).splitlines():
+        assert len(line) <= 80 or "/" in line, line  # only a path longer than the line may pass it
 
 
 def test_json_output_module_factory_shm_and_status_port(tmp_path):

@@ -27,14 +27,17 @@ from typing import Annotated, Any
 
 import typer
 
-from auturi.cli.caching import StoreAfterOut, cache_warnings_as_lines
+from auturi.cli.caching import StoreAfterOut, cache_notice, cache_warnings_as_lines
 from auturi.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail, one_line, stderr, stdout
+from auturi.cli.helptext import HelpCommand, HelpGroup
 from auturi.cli.interrupt import (EXIT_TERMINATED, Interrupted, Terminated, interrupted, sigterm_as_interrupt,
                                   signal_words)
 from auturi.cli.knobs import executor_kwargs, parse_devices, parse_start
 from auturi.cli.policies import build_policy, probe_spaces, resolve_env_spec
+from auturi.cli.statuspage import StatusPage, linger
 from auturi.tuner.api import DEFAULT_BUDGET_SECONDS
-from auturi.cli.render import ProgressFeed, config_line, json_safe, make_progress, notes_help, print_result
+from auturi.cli.render import (ProgressFeed, compact, config_line, fmt, json_safe, make_progress, notes_help,
+                               print_result, say)
 
 __all__ = ["app", "main"]
 
@@ -58,8 +61,10 @@ class Backend(str, Enum):
     ray = "ray"
 
 
+# rich_markup_mode=None: click's plain --help, which reads at 80 columns (see helptext)
 app = typer.Typer(
     name="auturi", add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, cls=HelpGroup,
     help="Find, by measurement, the fastest parallel layout for RL experience collection.")
 
 
@@ -81,52 +86,64 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 Opt = typer.Option
 
 
-@app.command(epilog=notes_help())
+# Metavars are spelled out (typer's default "<str>"/"TEXT" differs between releases and says
+# less); help lines are short: the details are in docs/cli.md.
+@app.command(cls=HelpCommand, epilog=notes_help(), short_help="Measure layouts for ENV; print the fastest.")
 def tune(
-    env: Annotated[str, typer.Argument(help="A gymnasium id (CartPole-v1), an EnvPool id (envpool:Pong-v5), or "
-                                            "module:factory (a callable returning a gymnasium.Env).")],
-    policy: Annotated[str, Opt("--policy", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), or PATH.zip: "
-                                                "a saved SB3 PPO/A2C model's network.")] = "auto",
-    num_envs: Annotated[int, Opt("--num-envs", help="Total envs (kept fixed by the search).")] = DEFAULT_NUM_ENVS,
-    num_steps: Annotated[int, Opt("--num-steps", help="Steps per env per collect (your training's rollout "
-                                                      "length).")] = DEFAULT_NUM_STEPS,
-    strategy: Annotated[Strategy, Opt("--strategy", help="model (profile, predict, measure the promising), grid "
-                                                         "(all), optuna.")] = Strategy.model,
-    budget_trials: Annotated[int | None, Opt("--budget-trials", help="Most configs to measure (baselines "
-                                                                     "included).")] = None,
-    budget_seconds: Annotated[float | None, Opt("--budget-seconds", help=f"Wall seconds for the tuning, final "
-                                                f"re-measure included (default {DEFAULT_BUDGET_SECONDS:g} when no "
-                                                f"budget is given).")] = None,
-    devices: Annotated[str | None, Opt("--devices", help="Policy devices to consider: cpu, cuda, cpu,cuda "
-                                                         "(default: cpu, plus cuda when present).")] = None,
-    start: Annotated[str | None, Opt("--start", help="Your current layout, measured as a baseline, e.g. "
-                                                     "num_actors=2,env_parallel_degree=2 (default: serial).")] = None,
-    seed: Annotated[int, Opt("--seed", help="Seeds the envs (env i gets seed+i) and the strategy.")] = 0,
-    out: Annotated[Path | None, Opt("--out", "-o", help="Write the JSON results record here.")] = None,
-    status_port: Annotated[int | None, Opt("--status-port", help="Serve the status page and API on this port "
-                                                                 "while tuning (0: any free port).")] = None,
-    status_host: Annotated[str, Opt("--status-host", help="Address of the status server; a non-loopback one "
-                                                          "needs --status-token.")] = "127.0.0.1",
-    status_token: Annotated[str | None, Opt("--status-token", envvar="AUTURI_STATUS_TOKEN",
+    env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1), an EnvPool id "
+                                                           "(envpool:Pong-v5), or module:factory (a callable "
+                                                           "returning a gymnasium.Env).", show_default=False)],
+    policy: Annotated[str, Opt("--policy", metavar="KIND", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), "
+                                                                "or PATH.zip: a saved SB3 PPO/A2C model.")] = "auto",
+    num_envs: Annotated[int, Opt("--num-envs", metavar="N", help="Total envs (the search keeps it).")
+                        ] = DEFAULT_NUM_ENVS,
+    num_steps: Annotated[int, Opt("--num-steps", metavar="T", help="Steps per env per collect: your "
+                                                                   "rollout length.")] = DEFAULT_NUM_STEPS,
+    strategy: Annotated[Strategy, Opt("--strategy", metavar="model|grid|optuna",
+                                      help="model: profile, predict, measure the promising; grid: all; "
+                                           "optuna.")] = Strategy.model,
+    budget_trials: Annotated[int | None, Opt("--budget-trials", metavar="N",
+                                             help="Most configs to measure, baselines included.")] = None,
+    budget_seconds: Annotated[float | None, Opt("--budget-seconds", metavar="S",
+                                                help=f"Wall seconds for the whole tuning (default "
+                                                     f"{DEFAULT_BUDGET_SECONDS:g} when no budget is given).")] = None,
+    devices: Annotated[str | None, Opt("--devices", metavar="LIST", help="Policy devices to try: cpu, cuda or "
+                                                                         "cpu,cuda (default: cpu, and cuda when "
+                                                                         "present).")] = None,
+    start: Annotated[str | None, Opt("--start", metavar="KNOB=V,...",
+                                     help="Your current layout, measured as a baseline, e.g. num_actors=2,"
+                                          "env_parallel_degree=2 (default: serial).")] = None,
+    seed: Annotated[int, Opt("--seed", metavar="S", help="Env i gets seed S+i; seeds the strategy too.")] = 0,
+    out: Annotated[Path | None, Opt("--out", "-o", metavar="PATH", help="Write the JSON results record here.")
+                   ] = None,
+    status_port: Annotated[int | None, Opt("--status-port", metavar="PORT",
+                                           help="Serve the status page and API while tuning (0: any free "
+                                                "port).")] = None,
+    status_host: Annotated[str, Opt("--status-host", metavar="HOST", help="The status server's address; not "
+                                                                          "loopback needs a token.")
+                           ] = "127.0.0.1",
+    status_token: Annotated[str | None, Opt("--status-token", metavar="TOKEN", envvar="AUTURI_STATUS_TOKEN",
                                             help="Token the status server requires (Bearer header or "
-                                                 "?token=).")] = None,
-    status_linger: Annotated[float, Opt("--status-linger", help="Keep serving this many seconds after tuning "
-                                                                "ends.")] = 0.0,
+                                                 "?token=).", show_envvar=True)] = None,
+    status_linger: Annotated[float | None, Opt("--status-linger", metavar="S",
+                                               help="Seconds to keep serving the final page once tuning ends "
+                                                    "(inf: until Ctrl-C; default: until Ctrl-C in a terminal, "
+                                                    "else 0).", show_default=False)] = None,
     json_out: Annotated[bool, Opt("--json", help="Print only the JSON record on stdout.")] = False,
-    backend: Annotated[Backend, Opt("--backend", help="shm (processes, shared memory), serial (everything in "
-                                                      "this process) or ray (one Ray actor per actor; see "
-                                                      "--address).")] = Backend.shm,
-    address: Annotated[str | None, Opt("--address", help="The Ray cluster for --backend ray: auto, HOST:6379 or "
-                                                         "ray://HOST:10001 (default: $RAY_ADDRESS, else a local "
-                                                         "Ray started for the run).")] = None,
-    worker_timeout: Annotated[float | None, Opt("--worker-timeout", metavar="SECONDS",
+    backend: Annotated[Backend, Opt("--backend", metavar="shm|serial|ray",
+                                    help="shm: processes and shared memory; serial: all in this process; "
+                                         "ray: one Ray actor per actor (see --address).")] = Backend.shm,
+    address: Annotated[str | None, Opt("--address", metavar="ADDR",
+                                       help="The Ray cluster for --backend ray: auto, HOST:6379 or "
+                                            "ray://HOST:10001 (default: $RAY_ADDRESS, else a local Ray).")] = None,
+    worker_timeout: Annotated[float | None, Opt("--worker-timeout", metavar="S",
                                                 help="A worker that makes no progress this long fails the trial, "
                                                      "named (default: $AUTURI_WORKER_TIMEOUT, else 60; inf: "
                                                      "never).")] = None,
-    max_trial_seconds: Annotated[float, Opt("--max-trial-seconds", help="Cap on one trial's measuring "
-                                                                        "time.")] = DEFAULT_MAX_TRIAL_SECONDS,
+    max_trial_seconds: Annotated[float, Opt("--max-trial-seconds", metavar="S",
+                                            help="Cap on one trial's measuring time.")] = DEFAULT_MAX_TRIAL_SECONDS,
     cache: Annotated[bool, Opt("--cache/--no-cache", help="Start from, and store into, the results cache "
-                                                          "($AUTURI_CACHE_DIR or ~/.cache/auturi).")] = True,
+                                                          "($AUTURI_CACHE_DIR, else ~/.cache/auturi).")] = True,
     debug: Annotated[bool, Opt("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Measure collection layouts for ENV on this machine and print the fastest."""
@@ -138,9 +155,10 @@ def tune(
         executor_kwargs=executor_kwargs(backend.value, address, worker_timeout)), debug)
 
 
-@app.command()
+@app.command(cls=HelpCommand, short_help="Print a saved result again.")
 def show(
-    path: Annotated[Path, typer.Argument(help="A results record (auturi tune --out, or a cache file).")],
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="A results record (auturi tune --out, or a cache "
+                                                              "file).", show_default=False)],
     json_out: Annotated[bool, Opt("--json", help="Print the choice as JSON.")] = False,
     debug: Annotated[bool, Opt("--debug", help="Show tracebacks.")] = False,
 ) -> None:
@@ -148,8 +166,8 @@ def show(
     _run(lambda: _show(path, json_out), debug)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                                "help_option_names": []})
+@app.command(cls=HelpCommand, short_help="Run the benchmark suite (source checkout).",
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def bench(ctx: typer.Context) -> None:
     """Run the benchmark suite of a source checkout (python -m bench); see auturi bench --help."""
     _run(lambda: _bench(list(ctx.args)), debug=True)  # a benchmark crash shows its traceback
@@ -158,8 +176,9 @@ def bench(ctx: typer.Context) -> None:
 def _bench(args: list[str]) -> None:
     """Forward to ``bench.suite.main``: the repository's ``bench`` package, importable from the
     current directory or from the checkout this ``auturi`` package lives in (editable install)."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "bench" / "suite.py").is_file() and str(root) not in sys.path:
+    # the checkout this package lives in (editable install): the first parent holding bench/suite.py
+    root = next((p for p in Path(__file__).resolve().parents if (p / "bench" / "suite.py").is_file()), None)
+    if root is not None and str(root) not in sys.path:
         sys.path.append(str(root))
     try:
         suite = importlib.import_module("bench.suite")
@@ -201,7 +220,7 @@ def _run(fn: Callable[[], None], debug: bool) -> None:
 
 def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | None, budget_seconds: float | None,
                         max_trial_seconds: float, status_port: int | None, status_host: str,
-                        status_token: str | None, status_linger: float, strategy: str) -> None:
+                        status_token: str | None, status_linger: float | None, strategy: str) -> None:
     """The options' rules in the CLI's words, before any heavy import (a typo costs nothing)."""
     if num_envs < 1:
         fail(f"--num-envs must be >= 1, got {num_envs}")
@@ -215,8 +234,8 @@ def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | N
         fail(f"--max-trial-seconds must be > 0, got {max_trial_seconds:g}")
     if status_port is not None and not 0 <= status_port <= 65535:
         fail(f"--status-port must be in 0..65535 (0: any free port), got {status_port}")
-    if status_linger < 0:
-        fail(f"--status-linger must be >= 0, got {status_linger:g}")
+    if status_linger is not None and not status_linger >= 0:
+        fail(f"--status-linger must be >= 0 seconds (inf: until Ctrl-C), got {status_linger:g}")
     if strategy == "optuna" and importlib.util.find_spec("optuna") is None:
         fail("--strategy optuna needs Optuna: pip install optuna (or 'auturi[tune]'), or use --strategy model")
     if status_port is not None:
@@ -229,41 +248,6 @@ def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | N
                  f"AUTURI_STATUS_TOKEN) so only you can read it, or leave --status-host at 127.0.0.1")
 
 
-class _StatusPage:
-    """The status server of ``--status-port``: a snapshot fed by the tuner's events, served
-    from the moment the executor exists until :meth:`stop`."""
-
-    def __init__(self, host: str, port: int, token: str | None, env: str | None = None):
-        from auturi.server import StatusSnapshot
-
-        self.host, self.port, self.token = host, port, token
-        self.snapshot = StatusSnapshot(env=env)  # the page names the env the user typed
-        self.server: Any = None
-        self.tuner: Any = None
-
-    def start(self, tuner: Any) -> str:
-        from auturi.server import StatusServer
-
-        self.tuner = tuner
-        self.snapshot.attach(tuner)
-        server = StatusServer(self.snapshot, host=self.host, port=self.port, token=self.token, hardware=None)
-        try:
-            url = server.start()
-        except Exception as e:  # noqa: BLE001 - ServerError: port in use, ...
-            fail(one_line(str(e)))
-        self.server = server
-        return url
-
-    def final(self) -> None:
-        if self.tuner is not None:
-            self.snapshot.update(status=self.tuner.status(), trials=self.tuner.trials())
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
 def _tune_guarded(**kw: Any) -> None:
     with sigterm_as_interrupt(), cache_warnings_as_lines():
         _tune(**kw)
@@ -271,7 +255,7 @@ def _tune_guarded(**kw: Any) -> None:
 
 def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str, budget_trials: int | None,
           budget_seconds: float | None, devices: str | None, start: str | None, seed: int, out: Path | None,
-          status_port: int | None, status_host: str, status_token: str | None, status_linger: float,
+          status_port: int | None, status_host: str, status_token: str | None, status_linger: float | None,
           json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
           executor_kwargs: dict[str, Any]) -> None:
     _check_tune_options(num_envs=num_envs, num_steps=num_steps, budget_trials=budget_trials,
@@ -298,18 +282,20 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
 
     err, out_console = stderr(), stdout()
     progress = None if json_out else make_progress(err)
-    page = _StatusPage(status_host, status_port, status_token or None, env=str(env)) if status_port is not None else None
+    page = StatusPage(status_host, status_port, status_token or None, env=str(env)) if status_port is not None else None
     feed = ProgressFeed(progress, page.snapshot if page is not None else None)
     if not json_out:
-        err.print(f"Tuning {env} x {num_envs} envs, {num_steps} steps/collect, policy {pol_desc}, "
-                  f"backend {backend}, strategy {strategy}, budget "
-                  + ", ".join(x for x in (f"{budget_trials} trials" if budget_trials else "",
-                                          f"{budget_seconds:g} s" if budget_seconds else "") if x),
-                  markup=False, soft_wrap=True)
+        say(err, f"Tuning {env} x {num_envs} envs, {num_steps} steps/collect, policy {pol_desc}, "
+                 f"backend {backend}, strategy {strategy}, budget "
+                 + ", ".join(x for x in (f"{budget_trials} trials" if budget_trials else "",
+                                         f"{budget_seconds:g} s" if budget_seconds else "") if x))
 
     places: dict[str, list] = {}  # config -> where its actors ran (ray backend), for the report and the page
 
     def on_event(event: Any) -> None:
+        if "cache_from" not in held and held.get("tuner") is not None and held["tuner"].t0 is not None:
+            held["cache_from"] = cache_notice(held["tuner"], None if json_out else (progress.console if progress
+                                                                                      is not None else err))
         feed(event)
         got = getattr(places.get("executor"), "actor_places", None)
         if got:
@@ -353,25 +339,23 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                 progress.stop()
         if page is not None:
             page.final()
-        _report(result, out_path, json_out, cache, page, err, out_console, places.get(str(result.choice)),
-                held.get("cache"))
-        if page is not None and page.server is not None and status_linger > 0:
-            if not json_out:
-                err.print(f"Serving {page.server.url} for {status_linger:g} more s (Ctrl-C to stop)", markup=False)
-            try:
-                time.sleep(status_linger)
-            except KeyboardInterrupt:
-                pass  # tuning is done: Ctrl-C only ends the linger
+        record = _report(result, out_path, json_out, cache, page, err, out_console, places.get(str(result.choice)),
+                         held.get("cache"), held.get("cache_from"))
+        if page is not None and page.server is not None:
+            linger(page.server.url, status_linger, record, err)
     finally:
         if page is not None:
             page.stop()
 
 
 def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, page: Any, err: Any,
-            out_console: Any, places: list | None = None, held: Any = None) -> None:
+            out_console: Any, places: list | None = None, held: Any = None,
+            cached_from: Path | None = None) -> Path | None:
     """The record to --out, then into the cache (a cache that fails is a warning; --out is
     written first so nothing the user asked for waits on it), then the JSON or the tables
-    (with ``--backend ray``, where the choice's actors ran)."""
+    (with ``--backend ray``, where the choice's actors ran). Returns where the record is
+    (--out, else the cache file, else None); ``cached_from``: the cache record the run
+    started from, which the report names."""
     saved, out_error = None, None
     if out_path is not None:
         try:
@@ -388,18 +372,19 @@ def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, pag
         out_console.file.write(json.dumps(json_safe(rec), indent=1, allow_nan=False) + "\n")
         out_console.file.flush()
     else:
-        print_result(out_console, result, saved)
+        print_result(out_console, result, saved, cached_from)
         if places:
             from auturi.executor.ray_cluster import place_lines
 
             out_console.print(f"Where its actors ran ({len({p['node'] for p in places})} nodes):", markup=False)
             for line in place_lines(places):
-                out_console.print("  " + line, markup=False, soft_wrap=True)
+                say(out_console, line, "  ", "    ")
         if saved is None and out_error is None and cache and cached is not None:
-            err.print(f"Record cached at {cached} (write one with --out result.json)", markup=False, soft_wrap=True)
+            say(err, f"Record cached at {cached} (write one with --out result.json)")
     if out_error is not None:
         fail(f"--out {out_path}: cannot write it ({out_error.strerror or out_error}); the results are printed "
              f"above{' and cached' if cached is not None else ''}; pick a path you can write", EXIT_FAILED)
+    return saved if saved is not None else cached
 
 
 def _process_seconds() -> float | None:
@@ -436,13 +421,13 @@ def _show(path: Path, json_out: bool) -> None:
         return
     wl = result.workload or {}
     hw = result.hardware or {}
-    out.print(f"{p}: {wl.get('env', '?')} x {wl.get('num_envs', '?')} envs, {result.num_steps} steps/collect, "
-              f"on {hw.get('cpu_model', '?')} ({hw.get('cores', '?')} cores"
-              + (f", {', '.join(hw['gpus'])}" if hw.get("gpus") else "") + ")", markup=False, soft_wrap=True)
+    say(out, f"{p}: {wl.get('env', '?')} x {wl.get('num_envs', '?')} envs, {result.num_steps} steps/collect, "
+             f"on {hw.get('cpu_model', '?')} ({hw.get('cores', '?')} cores"
+             + (f", {', '.join(hw['gpus'])}" if hw.get("gpus") else "") + ")")
     stop = _interruption_of(p)
     if stop:
-        out.print(f"Partial record: the run was {stop}; the choice below is the fastest config measured so far, "
-                  f"not re-measured or confirmed", markup=False, soft_wrap=True)
+        say(out, f"Partial record: the run was {stop}; the choice below is the fastest config measured so far, "
+                 f"not re-measured or confirmed")
     print_result(out, result)
 
 

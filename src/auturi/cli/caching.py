@@ -1,5 +1,6 @@
-"""``auturi tune`` and the results cache: ``--out`` is written before the cache store, and a
-cache that cannot be used is one ``auturi: warning:`` line (see :mod:`auturi.tuner.cache`)."""
+"""``auturi tune`` and the results cache: a run that starts from a cached choice says so and
+names the file, ``--out`` is written before the cache store, and a cache that cannot be used
+is one ``auturi: warning:`` line (see :mod:`auturi.tuner.cache`)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from auturi.cli.common import stderr
+from auturi.cli.render import compact, fmt, say
 
 
 class StoreAfterOut:
@@ -59,3 +61,21 @@ def cache_warnings_as_lines() -> Iterator[None]:
         warnings.filterwarnings("always", category=CacheWarning)
         warnings.showwarning = show
         yield
+
+
+def cache_notice(tuner: Any, console: Any) -> Path | None:
+    """Once the tuner has read the results cache: the record it starts from (None when it
+    starts afresh), announced on ``console`` (None: quiet) with how to measure afresh."""
+    cached = getattr(tuner, "cached", None)
+    if not cached or tuner.cache is None:
+        return None
+    try:
+        path = Path(tuner.cache.path(tuner.hardware, tuner.workload))
+    except Exception:  # noqa: BLE001 - the notice must never stop tuning
+        return None
+    if console is not None:
+        config, sps = cached
+        then = f", {fmt(sps)} steps/s then" if sps else ""
+        say(console, f"Reusing the cached choice from {path} ({compact(config)}{then}): measured first, and the "
+                     f"search is skipped if it holds up (auturi tune --no-cache to measure afresh)")
+    return path

@@ -2,7 +2,6 @@
 and an exit code), the exit codes, and the two consoles."""
 from __future__ import annotations
 
-import os
 from typing import NoReturn
 
 from rich.console import Console
@@ -23,10 +22,10 @@ def stderr() -> Console:
 
 
 def stdout() -> Console:
-    c = Console(highlight=False)
-    if not c.is_terminal and "COLUMNS" not in os.environ:
-        c.width = 160  # piped: do not fold config labels at 80 columns
-    return c
+    """The report's console. Its width is ``$COLUMNS`` when set, else the terminal's (rich
+    asks stdin, stdout and stderr, so ``auturi tune ... | tee log`` still fits the terminal),
+    else 80: everything printed reads at 80 columns (short configs, prose wrapped at spaces)."""
+    return Console(highlight=False)
 
 
 def one_line(msg: str, max_lines: int = 3) -> str:

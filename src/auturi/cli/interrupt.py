@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from auturi.cli.common import EXIT_INTERRUPTED, CliError
+from auturi.cli.render import compact
 
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, the shell's code for a process ended by SIGTERM
 
@@ -68,7 +69,7 @@ def interrupted(e: BaseException, tuner: Any, start: Any, num_steps: int, out_pa
     phase = str(getattr(tuner, "phase", "?"))
     current = getattr(tuner, "current", None)
     done = sum(1 for t in list(tuner.history) + list(tuner.final) if t.ok)
-    doing = (f", measuring {current.config} ({current.n} sample{'' if current.n == 1 else 's'})"
+    doing = (f", measuring {compact(current.config)} ({current.n} sample{'' if current.n == 1 else 's'})"
              if current is not None else "")
     head = f"{what} during the {phase} phase after {done} finished trial{'' if done == 1 else 's'}{doing}"
     try:
