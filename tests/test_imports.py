@@ -199,19 +199,8 @@ def test_no_import_circle():
     assert cycles(g) == []
 
 
-# Upward imports still there, each with its owner's reason; the test below fails once one
-# is gone, so the entry is removed with it.
-PENDING_UPWARD: set[tuple[str, str]] = {
-    # `auturi bench` loads the benchmark suite of a checkout by importlib (issue 31's item for
-    # cli/app.py: find bench/ from a checkout, or say plainly how to run it, without importing it)
-    ("auturi.cli.app", "bench.suite"),
-}
-
-
 def test_no_upward_import():
-    found = set(upward(import_graph()))
-    assert found - PENDING_UPWARD == set()
-    assert PENDING_UPWARD - found == set(), "gone: remove them from PENDING_UPWARD"
+    assert set(upward(import_graph())) == set()
 
 
 if __name__ == "__main__":

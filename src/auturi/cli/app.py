@@ -12,7 +12,6 @@ where the actors ran) read best in one place; parsing lives in ``knobs``, render
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -174,21 +173,21 @@ def bench(ctx: typer.Context) -> None:
 
 
 def _bench(args: list[str]) -> None:
-    """Forward to ``bench.suite.main``: the repository's ``bench`` package, importable from the
-    current directory or from the checkout this ``auturi`` package lives in (editable install)."""
-    # the checkout this package lives in (editable install): the first parent holding bench/suite.py
-    root = next((p for p in Path(__file__).resolve().parents if (p / "bench" / "suite.py").is_file()), None)
-    if root is not None and str(root) not in sys.path:
-        sys.path.append(str(root))
-    try:
-        suite = importlib.import_module("bench.suite")
-    except ImportError:
-        suite = None
-    if suite is None or not callable(getattr(suite, "main", None)):
+    """Run ``python -m bench ARGS`` in the checkout this ``auturi`` package lives in (an
+    editable install) or, failing that, in the current directory: the benchmarks are the
+    repository's ``bench/`` package, which pip does not install (a child process, so the
+    package never imports the repository's code)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parents
+    root = next((p for p in (*here, Path.cwd()) if (p / "bench" / "suite.py").is_file()), None)
+    if root is None:
         fail("auturi bench needs a source checkout: the benchmarks are the repository's bench/ package, which "
-              "pip does not install. Clone the Auturi repository, pip install -e '.[dev]' there, and run "
-              "auturi bench (or python -m bench) from its root")
-    suite.main(args)
+             "pip does not install. Clone the Auturi repository, pip install -e '.[dev]' there, and run "
+             "auturi bench (or python -m bench) from its root")
+    code = subprocess.call([sys.executable, "-m", "bench", *args], cwd=root)
+    if code:
+        raise typer.Exit(code)
 
 
 def _run(fn: Callable[[], None], debug: bool) -> None:
