@@ -48,9 +48,9 @@ LIMIT_TEXT = ("Limit: this machine's ceiling for the workload as `auturi tune` e
               "measured in the same interleaved rounds) and the tuner's profile: the least of the cores shared by "
               "env stepping and inference (cores / (the env's CPU per step + inference's cheapest CPU per row); "
               "an env's waiting costs no CPU), every env stepping at once (envs / the env's step time), and the "
-              "best batched inference throughput. Records made before 2026-11-23 used cores x the env's step "
-              "rate, capped by inference: that ignored that inference takes the same cores, and counted a waiting "
-              "env as computing.")
+              "best batched inference throughput. Before c6cbfda (2026-11-23, 19:43 UTC) the limit was cores x the "
+              "env's step rate, capped by inference: it ignored that inference takes the same cores, and counted "
+              "a waiting env as computing.")
 
 
 def _rate(x: float) -> str:
