@@ -154,7 +154,9 @@ def main(argv=None) -> dict:
                "peers": peers, "limit": limit,
                "tuned_vs_copies": peers["auturi_tuned"]["median"] / peers["copies"]["median"],
                "tuned_vs_limit": peers["auturi_tuned"]["median"] / limit["steps_per_second"]
-               if limit.get("steps_per_second") else None}
+               if limit.get("steps_per_second") else None,
+               "tuned_vs_envs_only": peers["auturi_tuned"]["median"] / limit["env_steps_per_second"]
+               if limit.get("env_steps_per_second") else None}
         out["workloads"].append(row)
         print(f"{name:12s} copies {peers['copies']['median']:10,.0f}  tuned {peers['auturi_tuned']['median']:10,.0f}"
               f"  serial {peers['serial']['median']:10,.0f}  tuned/copies {row['tuned_vs_copies']:.0%}", flush=True)
@@ -162,18 +164,25 @@ def main(argv=None) -> dict:
 
 
 def markdown(out: dict) -> str:
+    """The table: the measured copies, the tuned choice and serial, and beside them the
+    estimated limit (with the inference device it assumes) and the envs-only ceiling (the
+    envs alone on the cores, no inference), so a GPU machine's limit, which charges the
+    cores only the host side of the GPU's forward passes, reads against what the envs allow."""
     lines = [f"Machine: {out['machine']}  ", f"Command: `{out['command']}` ({out['started']})", "",
              f"| workload | {out['cores']} copies of the serial loop (envs each) | Auturi tuned (its choice) | serial "
-             "| tuned / copies | estimated limit | tuned / limit |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| tuned / copies | estimated limit (inference on) | tuned / limit | envs only (estimate) | tuned / envs only |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in out["workloads"]:
         p = r["peers"]
         lim = r["limit"].get("steps_per_second")
-        est = f"{lim:,.0f} | {r['tuned_vs_limit']:.0%} |" if lim else "- | - |"
+        dev = r["limit"].get("inference_device") or "cpu"
+        est = f"{lim:,.0f} ({dev}) | {r['tuned_vs_limit']:.0%} |" if lim else "- | - |"
+        envs = r["limit"].get("env_steps_per_second")
+        env_col = f" {envs:,.0f} | {p['auturi_tuned']['median'] / envs:.0%} |" if envs else " - | - |"
         lines.append(f"| {r['workload']} | {p['copies']['median']:,.0f} ({r['envs_per_copy']}) | "
                      f"{p['auturi_tuned']['median']:,.0f} ({r['choice'].replace('|', '/')}) | "
                      f"{p['serial']['median']:,.0f} | "
-                     f"**{r['tuned_vs_copies']:.0%}** | " + est)
+                     f"**{r['tuned_vs_copies']:.0%}** | " + est + env_col)
     return "\n".join(lines)
 
 

@@ -96,6 +96,36 @@ def test_machine_limit_of_an_env_that_waits_is_every_env_at_once():
     assert machine_limit(serial, cores=2, num_envs=16)["steps_per_second"] < 2_000.0  # without the profile's share
 
 
+def test_machine_limit_counts_no_core_for_cuda_inference():
+    """The GPU box of 2026-11-26 (16 cores, Pong 64 envs; ``../shared/data/gpu-2026-11-26/``):
+    the serial collects step an env in 0.553 ms; the profile's CPU inference costs 0.65 ms of
+    CPU a step at best, a CUDA pass 11 us of host CPU a step (batch 64). The old limit charged
+    the cores the CPU's inference (14,035 steps/s; the CUDA choice's 14,226 was "101%"); the
+    limit now takes the best device, CUDA, whose passes take the cores only their host side."""
+    steps = 64 * 64
+    serial = [CollectStats(steps=steps, seconds=steps / 1_931, env_seconds=steps * 16 / 28_943,
+                           policy_seconds=steps * 0.1e-3)]
+    prof = {"env_cpu_fraction": 1.0,
+            "policy_seconds": {"cpu": {"32": 1.23e-3, "64": 2.45e-3}, "cuda": {"32": 0.60e-3, "64": 0.70e-3}},
+            "policy_cpu_seconds": {"cpu": {"32": 18.8e-3, "64": 41.6e-3}, "cuda": {"32": 0.60e-3, "64": 0.72e-3}}}
+    lim = machine_limit(serial, cores=16, profile=prof, num_envs=64)
+    assert lim["inference_device"] == "cuda"
+    assert lim["inference_cpu_seconds"] == pytest.approx(0.72e-3 / 64)
+    assert lim["env_steps_per_second"] == pytest.approx(28_943, rel=1e-3)
+    assert lim["steps_per_second"] == pytest.approx(16 / (16 / 28_943 + 0.72e-3 / 64), rel=1e-3)  # 28,369
+    assert 14_226 / lim["steps_per_second"] == pytest.approx(0.50, abs=0.01)  # the choice: 50%, not 101%
+    # The same machine without CUDA inference: the cores carry the CPU's forward passes.
+    no_gpu = {k: {"cpu": v["cpu"]} for k, v in prof.items() if isinstance(v, dict)}
+    cpu_lim = machine_limit(serial, cores=16, profile={**no_gpu, "env_cpu_fraction": 1.0}, num_envs=64)
+    assert cpu_lim["inference_device"] == "cpu" and cpu_lim["steps_per_second"] < 0.55 * lim["steps_per_second"]
+    # The record's measurements fit a 1.8x slower env step with every core busy: the envs
+    # alone at that speed, beside the perfect-scaling figure (which stays as it was).
+    assert lim["loaded_env_steps_per_second"] is None
+    loaded = machine_limit(serial, cores=16, profile=prof, num_envs=64, loaded_step_factor=1.8)
+    assert loaded["loaded_env_steps_per_second"] == pytest.approx(28_943 / 1.8, rel=1e-3)
+    assert loaded["steps_per_second"] == lim["steps_per_second"]
+
+
 def test_progress_says_trial_n_of_at_most_m_and_time_left():
     from auturi.cli.render import progress_fields
 

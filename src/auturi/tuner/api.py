@@ -8,8 +8,13 @@ executor with the offline :class:`~auturi.tuner.Tuner`, and returns a :class:`Tu
 It also says why the choice wins: every collect's :class:`~auturi.CollectStats` is kept by
 config, so each finalist's time splits into env stepping, inference, waiting and the rest
 (IPC and bookkeeping), and the serial config's stats give this machine's limit for the
-workload (cores times the single-env step rate, capped by the best batched inference
-throughput the profile saw).
+workload (:func:`machine_limit`: the cores over what each step needs of them, env stepping
+and the best inference device's CPU share, capped by that device's batched throughput; a
+GPU's forward passes take the cores only their host side).
+
+Over 400 lines: ``tune`` and the explanation it returns (the time splits, the limit, the
+report type) are one module because the report is built from the run's collects; the
+env and policy helpers at the top are the part to split out next.
 
 Example:
     >>> import auturi, gymnasium as gym
@@ -155,24 +160,38 @@ def time_split(stats: list[Any], num_actors: int) -> dict[str, float]:
 
 
 def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] | None = None,
-                  num_envs: int | None = None) -> dict[str, Any]:
+                  num_envs: int | None = None, loaded_step_factor: float | None = None) -> dict[str, Any]:
     """This machine's estimated ceiling for the workload, in steps/s, from the serial
     config's collects (envs and policy in the caller, no IPC) and the model strategy's
-    profile when there is one. The least of:
+    profile when there is one. What needs the cores (env stepping with the loop's
+    bookkeeping, CPU inference, the host side of a GPU's forward passes) is kept apart from
+    what a GPU does, so on a GPU machine the cores are not charged for CUDA inference.
 
-    - ``cpu_steps_per_second``: the cores shared by env stepping and inference, as on a
-      machine without a GPU: ``cores / (env CPU + inference CPU per step)``. The env's CPU
-      is its step time times the profile's ``env_cpu_fraction`` (a remote simulator that
-      waits uses little); inference's is the cheapest per-row CPU time of any batch size
-      profiled, else the serial collects' inference time per step;
+    For each inference device the profile timed (else the CPU, from the serial collects), the
+    least of:
+
+    - ``cpu_steps_per_second``: ``cores / (env CPU + that device's CPU per step)``. The env's
+      CPU is the serial collects' env time per step times the profile's ``env_cpu_fraction``
+      (a remote simulator that waits uses little); inference's is the cheapest per-row CPU
+      time of any batch size profiled on that device: all of a CPU forward pass, only the
+      launching and copying of a GPU's (the profile's ``policy_cpu_seconds``; a tenth of the
+      wall time where it has none);
     - ``concurrent_steps_per_second`` (with ``num_envs``): every env stepping back to back
       in a process of its own, the ceiling of an env that waits rather than computes;
-    - ``inference_steps_per_second``: the best batched inference throughput (the profile's
-      latencies by batch size, else the serial collects' batch of all envs).
+    - ``inference_steps_per_second``: that device's best batched inference throughput (the
+      profile's latencies by batch size, else the serial collects' batch of all envs);
 
-    ``env_steps_per_second`` is what the envs alone allow (the least of the first two
-    without inference's CPU); ``bound`` is ``"env"`` where env stepping is the larger cost,
-    else ``"inference"``.
+    and the limit is the best device's (``inference_device``). ``env_steps_per_second`` is
+    what the envs alone allow (the least of the first two without inference's CPU);
+    ``inference_cpu_seconds`` is the chosen device's CPU per step; ``bound`` is
+    ``"inference"`` where inference's throughput binds or uses more of the cores than the
+    envs, else ``"env"``.
+
+    All of it assumes the cores scale perfectly (each steps as fast as one env alone). With
+    the model's fitted ``loaded_step_factor`` (an env step's CPU time with every core busy
+    over its time alone, :class:`~auturi.tuner.profile.Profile`) above 1,
+    ``loaded_env_steps_per_second`` is the envs-only rate at that speed (None otherwise): on
+    the GPU box of 2026-11-26 the fit said 1.8, so 16,100 steps/s where perfect scaling says 28,943.
 
     >>> from auturi import CollectStats
     >>> s = [CollectStats(steps=100, seconds=0.1, env_seconds=0.05, policy_seconds=0.02)]
@@ -182,6 +201,11 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     >>> waits = {"env_cpu_fraction": 0.05}   # the env's 500 us are mostly waiting
     >>> machine_limit(s, cores=2, profile=waits, num_envs=4)["steps_per_second"]   # 4 envs at once
     5000.0
+    >>> gpu = {"policy_seconds": {"cpu": {"8": 0.004}, "cuda": {"8": 0.0008}},
+    ...        "policy_cpu_seconds": {"cpu": {"8": 0.004}, "cuda": {"8": 0.0008}}}
+    >>> lim = machine_limit(s, cores=2, profile=gpu)   # CUDA: 100 us of host CPU a step, not 500
+    >>> lim["steps_per_second"], lim["inference_device"]
+    (3333.3, 'cuda')
     """
     prof = profile or {}
     steps = sum(s.steps for s in serial_stats)
@@ -189,23 +213,39 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     pol_s = sum(s.policy_seconds for s in serial_stats)
     if steps <= 0:
         return {"steps_per_second": None, "env_steps_per_second": None, "inference_steps_per_second": None,
-                "cpu_steps_per_second": None, "concurrent_steps_per_second": None, "cores": cores, "bound": "env"}
+                "cpu_steps_per_second": None, "concurrent_steps_per_second": None, "cores": cores, "bound": "env",
+                "inference_device": None, "inference_cpu_seconds": None, "loaded_env_steps_per_second": None}
     t_env, t_pol = env_s / steps, pol_s / steps
     frac = prof.get("env_cpu_fraction")
     frac = min(1.0, max(0.0, float(frac))) if isinstance(frac, (int, float)) else 1.0
-    inference = 1.0 / t_pol if t_pol > 0 else math.inf
-    cpu_pol = t_pol
-    for dev, table in (prof.get("policy_seconds") or {}).items():
-        rates = [int(b) / float(t) for b, t in table.items() if float(t) > 0]
-        if rates:
-            inference = max(rates) if not math.isfinite(inference) else max(inference, max(rates))
-        if dev == "cpu":
-            cpu_table = (prof.get("policy_cpu_seconds") or {}).get(dev) or table
-            per_row = [float(t) / int(b) for b, t in cpu_table.items() if float(t) > 0]
-            cpu_pol = min(per_row) if per_row else cpu_pol
     env_cpu = t_env * frac
     env_alone = cores / env_cpu if env_cpu > 0 else math.inf
     concurrent = num_envs / t_env if num_envs and t_env > 0 else math.inf
+    # Per device: (inference throughput, CPU seconds per step). The serial collects ran the
+    # policy on the CPU: their time per step is the fallback for it.
+    devices: dict[str, tuple[float, float]] = {"cpu": (1.0 / t_pol if t_pol > 0 else math.inf, t_pol)}
+    for dev, table in (prof.get("policy_seconds") or {}).items():
+        rates = [int(b) / float(t) for b, t in table.items() if float(t) > 0]
+        cpu_table = (prof.get("policy_cpu_seconds") or {}).get(dev)
+        on_cpu = str(dev).split(":")[0] == "cpu"
+        if cpu_table:
+            per_row = [float(t) / int(b) for b, t in cpu_table.items() if float(t) > 0]
+        else:  # untimed: all of a CPU pass, a tenth of a device's (its launches)
+            per_row = [float(t) / int(b) * (1.0 if on_cpu else 0.1) for b, t in table.items() if float(t) > 0]
+        best_rate = max(rates) if rates else math.inf
+        cpu_pol = min(per_row) if per_row else (t_pol if on_cpu else 0.0)
+        if on_cpu:
+            old_rate, _ = devices["cpu"]
+            best_rate = max(best_rate, old_rate) if math.isfinite(old_rate) else best_rate
+        devices["cpu" if on_cpu else str(dev)] = (best_rate, cpu_pol)
+
+    def rate(dev: str) -> float:
+        inference, cpu_pol = devices[dev]
+        cpu = cores / (env_cpu + cpu_pol) if env_cpu + cpu_pol > 0 else math.inf
+        return min(cpu, concurrent, inference)
+
+    dev = max(devices, key=rate)  # dicts keep order: the CPU wins ties
+    inference, cpu_pol = devices[dev]
     cpu = cores / (env_cpu + cpu_pol) if env_cpu + cpu_pol > 0 else math.inf
     limit = min(cpu, concurrent, inference)
 
@@ -222,7 +262,10 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
         bound = "env" if env_cpu >= cpu_pol else "inference"
     return {"steps_per_second": num(limit), "env_steps_per_second": num(min(env_alone, concurrent)),
             "inference_steps_per_second": num(inference), "cpu_steps_per_second": num(cpu),
-            "concurrent_steps_per_second": num(concurrent), "cores": cores, "bound": bound}
+            "concurrent_steps_per_second": num(concurrent), "cores": cores, "bound": bound,
+            "inference_device": dev, "inference_cpu_seconds": cpu_pol if math.isfinite(cpu_pol) else None,
+            "loaded_env_steps_per_second": num(min(env_alone / loaded_step_factor, concurrent))
+            if loaded_step_factor and loaded_step_factor > 1.0 else None}
 
 
 @dataclass
@@ -283,8 +326,12 @@ def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
     serial = Config.serial(result.start.num_envs)
     cores = int((result.hardware or {}).get("cores") or os.cpu_count() or 1)
     profile = (result.strategy or {}).get("profile")
+    # The model strategy's fit (the record's "fitted": what its measurements said the
+    # unmeasurable costs are), for the envs-only rate with every core busy.
+    factor = ((result.strategy or {}).get("fitted") or {}).get("loaded_step_factor")
     limit = machine_limit(recorder.stats.get(serial, []), cores, profile if isinstance(profile, dict) else None,
-                          num_envs=result.start.num_envs)
+                          num_envs=result.start.num_envs,
+                          loaded_step_factor=float(factor) if isinstance(factor, (int, float)) else None)
     return TuneReport(**{f: getattr(result, f) for f in result.__dataclass_fields__}, splits=splits, limit=limit)
 
 

@@ -24,12 +24,23 @@ beginning).
 - with one batch per row (``B = E``) env stepping and inference alternate, so their times
   add; with ``g`` batches they overlap: ``max(env, policy) + min(env, policy) / g``; with
   everything in one process (the serial point) they always add;
-- lock-step env lanes wait for the slowest: ``std * sqrt(E/D) * sqrt(2 ln D)`` per row;
+- lock-step env lanes wait for the slowest: the expected max of ``D`` lanes' row times,
+  ``std * sqrt(E/D) * z(D)`` per row (:func:`expected_max_z`);
+- in the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: env workers
+  queue several batches' steps) a lane's cycle does not wait for the actor's own share;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
 - the total is capped by ``cores / (CPU seconds per env step)``, and divided by
   ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores, where
-  an env-stepping process counts by the share of the row it is not waiting inside its envs
-  (a remote simulator's wait holds no core);
+  a process counts by the share of the row it holds a core: an env-stepping one not while
+  it waits inside its envs (a remote simulator's wait holds no core), nor, with the policy
+  on a GPU, an env worker while its batch is on the device; a device replica only for its
+  passes' CPU time;
+- with the cores loaded, an env step's CPU time grows by up to ``loaded_step_factor``
+  (fitted once a config with the policy on a device is measured: profiling times one env
+  alone, and a machine whose cores are SMT siblings or share memory bandwidth steps slower
+  with every core busy; the GPU box of 2026-11-26 fits 1.8-2.7);
+- processes whose forward passes share one device queue for it: ``device_share`` of each
+  pass holds the device (fitted, 0 until then), priced by mean value analysis;
 - across nodes (``ray``, ``node_cores``): actors are spread over the nodes as the executor's
   SPREAD placement places them (:func:`actors_per_node`), each node's cap and time-slicing
   count its own cores and processes, and a collect lasts as long as its slowest node;
@@ -79,6 +90,22 @@ DEFAULT_ENV_OVERHEAD_SECONDS = 3e-6
 DEFAULT_CONTENTION = 0.1
 """Throughput lost per extra busy process per core: small, until measured otherwise."""
 
+DEFAULT_DEVICE_SHARE = 0.0
+"""No queueing for the device until fitted: profiling times one process's passes alone, and a
+pass's latency is mostly launching and synchronising, which processes do side by side (the
+emulated device of :mod:`auturi.testing.emulated_gpu` runs each process's passes as if it
+had the device alone). On the GPU box of 2026-11-26, 8 actors each with a CUDA policy
+measured 9,073 steps/s where the model without this queue predicts 14-15k."""
+
+DEFAULT_LOADED_STEP_FACTOR = 1.0
+"""An env step's CPU time with every core busy, over its time alone, until fitted. The GPU
+box of 2026-11-26 (16 vCPUs, Pong; ``../shared/data/gpu-2026-11-26/``) fits 1.8 to all its
+measured configs, 2.7 to those other than degree 16 (``python -m bench.model_check``): its
+CUDA layouts with 16-32 busy processes measured 9-14k steps/s where 16 cores at the profiled
+0.45 ms a step allow 33k, and 1 x 64 at degree 16 and 32 (16 and 32 processes) measured the
+same 12.4-13k, i.e. the cores were saturated at about 1 ms of CPU a step (16 vCPUs that are
+8 cores' SMT siblings would do that)."""
+
 # Per-collect fixed costs, by what a layout wakes: a 1-step collect's median time less the
 # model's row for it (profiled, spread 0), 4 CartPole envs and a random policy on this
 # 2-core machine under a load of ~2.6, 3 rounds of 400 collects (/tmp script, issue 16):
@@ -110,7 +137,14 @@ _GRIDS = {
     "ipc_seconds": [float(x) for x in np.geomspace(5e-6, 5e-3, 25)],
     "env_overhead_seconds": [0.0] + [float(x) for x in np.geomspace(5e-7, 2e-4, 14)],
     "contention": [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+    "loaded_step_factor": [1.0, 1.25, 1.5, 1.8, 2.2, 2.7, 3.3, 4.0],
+    "device_share": [0.0, 0.1, 0.25, 0.5, 0.75, 1.0],
 }
+# Where a cost means something: a loaded step is no faster than one alone; a pass holds the
+# device at most a little longer than its latency (switching between processes' contexts).
+_BOUNDS = {"loaded_step_factor": (1.0, 4.0), "device_share": (0.0, 1.5)}
+# Costs whose prior is 0 (none until measured): pulled to it on a linear scale, not a log one.
+_LINEAR_PRIORS = {"device_share"}
 # Identified only when the profile knows the collect length (``num_steps``).
 _COLLECT_GRIDS = {
     "collect_seconds": [float(x) for x in np.geomspace(1e-5, 2e-2, 12)],
@@ -175,6 +209,15 @@ class Profile:
     """Rate of rollouts back from, and weights out to, other nodes (fitted)."""
     weights_bytes: int = 0
     """Bytes of the policy's state, sent to each actor on another node per update."""
+    loaded_step_factor: float = DEFAULT_LOADED_STEP_FACTOR
+    """How many times its CPU time one env step takes when every core is busy, against one
+    env stepping alone (SMT siblings, shared caches, memory bandwidth); 1.0: the cores scale
+    perfectly. Profiling times one env alone, so this is fitted (see
+    :data:`DEFAULT_LOADED_STEP_FACTOR`)."""
+    device_share: float = DEFAULT_DEVICE_SHARE
+    """Share of a forward pass's latency on a device (not the CPU) during which it holds the
+    one device, so other processes' passes queue behind it (fitted; see
+    :data:`DEFAULT_DEVICE_SHARE`)."""
     profile_seconds: float = 0.0
     """What profiling cost."""
 
@@ -248,6 +291,29 @@ def busy_processes(config: Config) -> int:
     them (:attr:`~auturi.executor.layout.LayoutPlan.busy_processes`); cached, because the
     model's fit predicts every config many times."""
     return plan_layout(config, cores=(0,)).busy_processes  # the count does not depend on the cores
+
+
+@functools.lru_cache(maxsize=4096)
+def overlaps(config: Config) -> bool:
+    """Whether the executor runs ``config``'s actors in the overlapped loop (the layout plan's
+    ``ActorPlan.overlap``: env workers queue the steps of several batches, stepping one while
+    another is in inference); False where the plan has no such loop."""
+    actors = plan_layout(config, cores=(0,)).actors
+    return bool(actors and getattr(actors[0], "overlap", False))
+
+
+def expected_max_z(n: int) -> float:
+    """Expected maximum of ``n`` independent standard normal draws (Blom's approximation:
+    0.59 for the exact 0.56 at n = 2, within 1% from n = 8): what the slowest of ``n``
+    lock-stepped lanes adds, in standard deviations of one lane's time; 0 for one lane. (The
+    ``sqrt(2 ln n)`` it replaces is its limit for large n, 33% high at n = 16.)
+
+    >>> [round(expected_max_z(n), 2) for n in (1, 2, 16, 32)]
+    [0.0, 0.59, 1.77, 2.07]
+    """
+    if n <= 1:
+        return 0.0
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def actors_per_node(config: Config, node_cores: Sequence[int]) -> list[int]:
@@ -335,8 +401,13 @@ def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cor
     each as busy predicted 2,600 and ranked 8 actors, measured 2,100-2,700, above them)."""
     row = _pipeline_row(config, prof, busy, cores)
     eff = _cpu_busy(config, prof, actors, busy, row)
-    if eff < busy:
+    # With the cores loaded, each env step costs more CPU (fitted; 1.0 until then).
+    prof = _loaded(prof, eff / cores)
+    if eff < busy or prof.loaded_step_factor != 1.0:
         row = _pipeline_row(config, prof, eff, cores)
+    wait = _device_wait(config, prof, actors, row)
+    if wait > 0:
+        row = _pipeline_row(config, prof, eff, cores, wait)
     E = config.envs_per_actor
     pipeline = actors * E / row if row > 0 else math.inf
     cpu = _cpu_per_step(config, prof)
@@ -344,6 +415,42 @@ def _node_row_seconds(config: Config, prof: Profile, actors: int, busy: int, cor
     # Time-slicing more busy processes than cores costs context switches and cold caches.
     rate = min(pipeline, cap) / (1.0 + prof.contention * max(0.0, eff - cores) / cores)
     return actors * E / rate if rate > 0 else math.inf
+
+
+def _device_wait(config: Config, prof: Profile, actors: int, row: float) -> float:
+    """Seconds each forward pass waits for the device while other processes' passes hold it:
+    ``device_share`` of a pass's latency holds the one device (0 on the CPU, and until
+    fitted), and the processes using it (each actor with one replica, else each replica)
+    queue for it. Exact mean value analysis of that closed queue: ``n`` users, each
+    holding the device ``S`` per pass and away ``Z`` (the rest of its cycle) between passes."""
+    share = prof.device_share
+    if share <= 0 or config.policy_device.split(":")[0] == "cpu" or row <= 0:
+        return 0.0
+    E, P, B = config.envs_per_actor, config.policies_per_actor, config.policy_batch_size
+    users = actors * (P if P > 1 else 1)
+    if users < 2:
+        return 0.0
+    g = math.ceil(E / B)
+    S = share * prof.policy_latency(config.policy_device, B)
+    Z = max(0.0, row / (g / P if P > 1 else g) - S)  # each user's cycle per pass, less the pass
+    q = 0.0
+    for n in range(1, users + 1):
+        r = S * (1.0 + q)
+        q = n * r / (r + Z) if r + Z > 0 else 0.0
+    return max(0.0, r - S)
+
+
+def _loaded(prof: Profile, load: float) -> Profile:
+    """``prof`` with its env step's CPU part stretched by :attr:`Profile.loaded_step_factor`
+    in proportion to ``load`` (busy processes over cores, at most 1): one env alone steps at
+    the profiled speed, a machine whose every core is busy at the factor's."""
+    f = prof.loaded_step_factor
+    if f == 1.0 or load <= 0:
+        return prof
+    te, frac = prof.env_step_seconds, min(1.0, max(0.0, prof.env_cpu_fraction))
+    cpu = te * frac * (1.0 + (f - 1.0) * min(1.0, load))
+    wall = te * (1.0 - frac) + cpu
+    return replace(prof, env_step_seconds=wall, env_cpu_fraction=cpu / wall if wall > 0 else frac)
 
 
 def _cpu_per_step(config: Config, prof: Profile) -> float:
@@ -357,13 +464,14 @@ def _cpu_per_step(config: Config, prof: Profile) -> float:
             + g * prof.policy_latency(config.policy_device, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
 
 
-def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> float:
+def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
     """One actor's row seconds from its pipeline alone (no core cap, no time-slicing), with
-    ``busy`` processes wanting ``cores`` cores (round trips wait for a core beyond them)."""
+    ``busy`` processes wanting ``cores`` cores (round trips wait for a core beyond them) and
+    each forward pass waiting ``device_wait`` for a device other processes hold."""
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     te = prof.env_step_seconds + prof.env_overhead_seconds
     g = math.ceil(E / B)  # forward passes per row
-    L = prof.policy_latency(config.policy_device, B)
+    L = prof.policy_latency(config.policy_device, B) + device_wait
     # The actor's own process steps one env share; degree - 1 env workers step the rest.
     # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
     ipc = prof.ipc_seconds * (1.0 + max(0.0, busy - cores) / cores)
@@ -372,13 +480,21 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> flo
     # together and ride in the same batch unless the batch is smaller than the lane.
     env_tasks = math.ceil(m / B)
     if D > 1:
-        straggle = prof.env_step_std * math.sqrt(m) * math.sqrt(2 * math.log(D))
-        # Outside lockstep (several batches, or remote replicas) the actor steps its own share
-        # synchronously while env workers finish theirs; their envs wait for it to hand them
-        # on, so each lane's cycle holds the actor's share too (a 1 ms env, 16 envs, degree 8,
-        # batch 8: measured 2,900 steps/s, 6,600 predicted without this, 3,000 with it).
-        # Remote replicas keep acting on what they were handed meanwhile: half of it.
-        stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
+        # Lock-stepped lanes wait for the slowest: the expected max of D lanes' row times
+        # (each the sum of m steps), which grows with the spread and the count.
+        straggle = prof.env_step_std * math.sqrt(m) * expected_max_z(D)
+        if overlaps(config):
+            # The overlapped loop (the plan's ActorPlan.overlap): env workers queue the steps
+            # of the next batches and go on without a round trip to the actor, so no lane's
+            # cycle holds the actor's own share; stepping and inference overlap, as below.
+            stall = 0.0
+        else:
+            # Outside lockstep (several batches, or remote replicas) the actor steps its own
+            # share synchronously while env workers finish theirs; their envs wait for it to
+            # hand them on, so each lane's cycle holds the actor's share too (a 1 ms env, 16
+            # envs, degree 8, batch 8: measured 2,900 steps/s, 6,600 predicted without this,
+            # 3,000 with it). Remote replicas keep acting on what they were handed meanwhile: half of it.
+            stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
         s_env = m * te + stall + env_tasks * ipc + straggle
     else:
         s_env = E * te
@@ -391,15 +507,35 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int) -> flo
 
 
 def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float) -> float:
-    """``busy`` processes less the share of the row the env-stepping ones (each actor and
-    its env workers) spend waiting inside their envs: ``(1 - env_cpu_fraction)`` of their
-    envs' step time. Replicas count whole."""
-    wait = prof.env_step_seconds * (1.0 - min(1.0, max(0.0, prof.env_cpu_fraction)))
-    if wait <= 0 or row <= 0:
+    """``busy`` processes less the share of the row each spends holding no core:
+
+    - every env-stepping process (each actor and its env workers) while it waits inside its
+      envs: ``(1 - env_cpu_fraction)`` of their step time;
+    - with the policy on a device other than the CPU, in the actor (one replica) and with
+      env workers, outside the overlapped loop: the env workers while their batch is on the
+      device (each row's forward passes; on the CPU the policy's torch threads take those
+      cores, so they count busy; in the overlapped loop they step another batch meanwhile);
+    - device replicas of their own (several replicas) except while they run their share of
+      the forward passes, at the CPU cost the profile timed for them (a CUDA call that
+      spins on its result holds its core for all of it; an emulated device for little).
+
+    CPU replicas count whole."""
+    if row <= 0:
         return float(busy)
-    m = config.envs_per_actor // config.env_parallel_degree
-    idle = min(1.0, m * wait / row)  # per env-stepping process
-    return max(1.0, busy - actors * config.env_parallel_degree * idle)
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
+    wait = prof.env_step_seconds * (1.0 - min(1.0, max(0.0, prof.env_cpu_fraction)))
+    m = E // D
+    own = min(1.0, m * wait / row)  # per env-stepping process
+    device = config.policy_device.split(":")[0] != "cpu"
+    g = math.ceil(E / B)
+    worker = own
+    if device and P == 1 and D > 1 and not overlaps(config):  # overlapped: they step another batch meanwhile
+        worker = min(1.0, own + g * prof.policy_latency(config.policy_device, B) / row)
+    idle = actors * (own + (D - 1) * worker)
+    if device and P > 1:
+        share = min(1.0, (g / P) * prof.policy_latency(config.policy_device, B, cpu=True) / row)
+        idle += actors * P * (1.0 - share)
+    return max(1.0, busy - idle)
 
 
 def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweeps: int = 8) -> Profile:
@@ -413,6 +549,13 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
     if not pts:
         return prof
     grids = dict(_GRIDS)
+    if all(c.policy_device.split(":")[0] == "cpu" for c, _ in pts):
+        # No measured config queued for a device: nothing to fit device_share to. And the
+        # loaded step factor is identified where the cores do little but step envs (the
+        # policy on a device); with CPU inference it is confounded with inference's threads
+        # and with contention, which the CPU runs were calibrated with (2026-11-26: fitting
+        # it there moved the synthetic strategy test's choice below 95% of the best).
+        del grids["device_share"], grids["loaded_step_factor"]
     if prof.num_steps:  # without a collect length, per-collect costs do not enter a prediction
         grids.update(_COLLECT_GRIDS)
         if len(prof.node_cores) > 1:
@@ -426,6 +569,9 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
             err += (math.log(y) - math.log(v)) ** 2 if y > 0 and math.isfinite(y) else 1e6
         for k, d in prior.items():
             weight = _PRIOR_WEIGHT if k in _GRIDS else _WEAK_PRIOR_WEIGHT
+            if k in _LINEAR_PRIORS:
+                err += weight * (getattr(p, k) - d) ** 2
+                continue
             err += weight * math.log((getattr(p, k) + 1e-6) / (d + 1e-6)) ** 2
         return err
 
@@ -433,11 +579,13 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
     # coordinate descent ends where it starts moving first: descend in both orders, keep the better.
     orders = [list(grids)]
     if len(grids) > len(_GRIDS):
-        orders.append([k for k in grids if k not in _GRIDS] + list(_GRIDS))
+        orders.append([k for k in grids if k not in _GRIDS] + [k for k in grids if k in _GRIDS])
     best = min((_descend(prof, grids, order, loss, sweeps) for order in orders), key=loss)
     # Then finer steps around where the grids ended (they are coarse, to keep a refit cheap).
     for factor in (1.5, 1.2, 1.08):
-        near = {k: sorted({getattr(best, k) * factor ** j for j in (-1, 1)} - {0.0}) for k in grids}
+        near = {k: sorted(x for x in {getattr(best, k) * factor ** j for j in (-1, 1)} - {0.0}
+                          if _BOUNDS.get(k, (0.0, math.inf))[0] <= x <= _BOUNDS.get(k, (0.0, math.inf))[1])
+                for k in grids}
         best = _descend(best, near, list(grids), loss, 2)
     return best
 

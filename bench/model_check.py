@@ -1,0 +1,157 @@
+"""The tuner's model against measurements on a GPU machine (issue 33 item 2): predicted vs
+measured steps/s for CUDA layouts, on
+
+- ``real``: the GPU box's record (``../shared/data/gpu-2026-11-26/tune_pong64.json``: one
+  H200, 16 cores, Pong 64 envs): ``predict()`` from the tuner's recorded profile for each
+  measured config, (a) the profile alone, (b) fitted to the other measured configs than the
+  one predicted's family (degree 16 held out) and (c) fitted to all of them, as the tuner's
+  search refits after each measurement. Nothing is run;
+- ``emulated``: the emulated GPU box on this machine (:func:`auturi.testing.emulated_box`,
+  ``pong-like`` and ``straggler`` steps, 32 envs, time scale 4 as ``bench.emulated_gpu``):
+  the tuner's own profiling (:func:`~auturi.tuner.profile.profile_executor`) then a few CUDA
+  layouts measured in interleaved rounds, each against the profile-only prediction (what
+  the model strategy ranks with before any measurement).
+
+Run: python -m bench.model_check [--skip-emulated] [--profiles pong-like straggler] [--rounds 3]
+     [--out bench/results/model_check.json]
+A run of the emulated part takes about 2-3 minutes on 2 cores. The numbers are printed and
+saved; nothing is asserted (the unit tests in ``tests/test_tuner_gpu_model.py`` check the
+model deterministically on the record's figures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bench.common import interleave, machine_header, save_and_print, summarize
+
+RECORD = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gpu-2026-11-26", "tune_pong64.json")
+
+
+def real_box(path: str) -> dict:
+    """Predictions from the GPU box's recorded profile for every measured config."""
+    from auturi import Config
+    from auturi.tuner.profile import Profile, fit_overheads, predict
+
+    with open(path) as f:
+        rec = json.load(f)
+    prof = Profile.from_dict(rec["strategy"]["profile"])
+    trials = [(Config.from_dict(t["config"]), float(t["median"]), t.get("predicted"))
+              for t in rec["trials"] if t.get("status") == "ok" and t.get("median")]
+    measured = [(c, m) for c, m, _ in trials]
+    held = [(c, m) for c, m in measured if c.env_parallel_degree != 16]
+    fit_held, fit_all = fit_overheads(prof, held), fit_overheads(prof, measured)
+    keys = ("loaded_step_factor", "device_share", "contention", "ipc_seconds", "actor_collect_seconds",
+            "env_worker_collect_seconds", "replica_collect_seconds")
+    rows = [{"config": str(c), "measured": m, "recorded_prediction": p, "profile": predict(c, prof),
+             "held_out_fit": predict(c, fit_held), "held_out": c.env_parallel_degree == 16,
+             "all_fit": predict(c, fit_all)} for c, m, p in trials]
+    return {"record": os.path.abspath(path), "rows": rows,
+            "fitted_held_out": {k: getattr(fit_held, k) for k in keys},
+            "fitted_all": {k: getattr(fit_all, k) for k in keys}}
+
+
+def emulated(profile: str, num_envs: int, num_steps: int, time_scale: float, rounds: int, collects: int) -> dict:
+    """Profile the emulated box as the tuner does, then measure a few CUDA layouts."""
+    import auturi
+    from auturi import Config
+    from auturi.testing.emulated_gpu import emulated_box
+    from auturi.tuner.profile import predict, profile_executor
+    from bench.peers import AuturiRunner
+
+    n = num_envs
+    layouts = {"1x{n}_d8".format(n=n): Config(1, n, 8, 1, "cuda", n),
+               "1x{n}_d16".format(n=n): Config(1, n, 16, 1, "cuda", n),
+               "2x{h}_d8".format(h=n // 2): Config(2, n // 2, 8, 1, "cuda", n // 2),
+               "4x{q}_d4".format(q=n // 4): Config(4, n // 4, 4, 1, "cuda", n // 4)}
+    with emulated_box(profile, time_scale=time_scale, context_seconds=0.0) as box:
+        with auturi.make_executor(box.env, box.policy(), num_envs=n, config=Config.serial(n, "cuda"),
+                                  backend="shm") as ex:
+            ex.collect(num_steps)  # the tuner profiles after measuring the start config
+            prof = profile_executor(ex, devices=["cpu", "cuda"], num_steps=num_steps)
+        runners: dict[str, Any] = {}
+        try:
+            for name, cfg in layouts.items():
+                runners[name] = AuturiRunner(box.env, box.policy(), n, cfg, warmup_steps=num_steps)
+            samples = interleave(runners, rounds,
+                                 lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
+                                 progress=lambda s: print(f"{profile}: {s}", flush=True))
+        finally:
+            for r in runners.values():
+                r.close()
+    rows = []
+    for name, cfg in layouts.items():
+        m = summarize(samples[name])
+        rows.append({"name": name, "config": str(cfg), "measured": m["median"], "samples": samples[name],
+                     "predicted": predict(cfg, prof)})
+    return {"profile": profile, "profiled": {"env_step_seconds": prof.env_step_seconds,
+                                             "env_step_std": prof.env_step_std,
+                                             "env_cpu_fraction": prof.env_cpu_fraction,
+                                             "cuda": prof.policy_seconds.get("cuda")},
+            "rows": rows}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--record", default=RECORD)
+    ap.add_argument("--skip-emulated", action="store_true")
+    ap.add_argument("--profiles", nargs="+", default=["pong-like", "straggler"])
+    ap.add_argument("--num-envs", type=int, default=32)
+    ap.add_argument("--num-steps", type=int, default=64)
+    ap.add_argument("--time-scale", type=float, default=4.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--collects", type=int, default=2, help="collects per sample")
+    ap.add_argument("--out", default="bench/results/model_check.json")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"machine": machine_header(),
+                           "command": "python -m bench.model_check " + " ".join(argv or sys.argv[1:]),
+                           "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if os.path.exists(args.record):
+        out["real"] = real_box(args.record)
+    else:
+        print(f"real box: skipped ({args.record} not found)")
+    if not args.skip_emulated:
+        out["emulated"] = [emulated(p, args.num_envs, args.num_steps, args.time_scale, args.rounds, args.collects)
+                           for p in args.profiles]
+    out["seconds"] = time.perf_counter() - t0
+    return save_and_print(out, args.out, markdown)
+
+
+def _err(p: float, m: float) -> str:
+    return f"{p:,.0f} ({p / m - 1:+.0%})"
+
+
+def markdown(out: dict) -> str:
+    lines = [f"Machine: {out['machine']}  ", f"Command: `{out['command']}` ({out['started']})", ""]
+    real = out.get("real")
+    if real:
+        lines += [f"Real GPU box (record {os.path.basename(real['record'])}): predicted steps/s (error vs measured)", "",
+                  "| config | measured | predicted then | profile alone | fitted, degree 16 held out | fitted to all |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in real["rows"]:
+            then = f"{r['recorded_prediction']:,.0f}" if r["recorded_prediction"] else "-"
+            held = ("**" + _err(r["held_out_fit"], r["measured"]) + "** (held out)") if r["held_out"] else \
+                _err(r["held_out_fit"], r["measured"])
+            lines.append(f"| {r['config'].replace('|', '/')} | {r['measured']:,.0f} | {then} | "
+                         f"{_err(r['profile'], r['measured'])} | {held} | {_err(r['all_fit'], r['measured'])} |")
+        fa = real["fitted_all"]
+        lines += ["", "fitted to all: " + ", ".join(f"{k} {v:.3g}" for k, v in fa.items()),
+                  "fitted, held out: " + ", ".join(f"{k} {v:.3g}" for k, v in real["fitted_held_out"].items()), ""]
+    for e in out.get("emulated") or []:
+        lines += [f"Emulated GPU box, {e['profile']} (profiled step {e['profiled']['env_step_seconds'] * 1e3:.2f} ms, "
+                  f"std {e['profiled']['env_step_std'] * 1e3:.2f} ms): profile-only prediction vs measured", "",
+                  "| layout | measured | predicted (error) |", "|---|---:|---:|"]
+        for r in e["rows"]:
+            lines.append(f"| {r['config'].replace('|', '/')} | {r['measured']:,.0f} | "
+                         f"{_err(r['predicted'], r['measured'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
