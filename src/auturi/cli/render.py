@@ -303,8 +303,12 @@ def limit_line(result: Any) -> str | None:
         what, by = "what the envs allow", f"every env stepping at once in its own process: {fmt(top)} steps/s"
     else:
         what = f"what {cores} cores can step"
-        by = (f"env stepping and inference sharing {cores} cores; the envs alone: "
-              f"{fmt(limit.get('env_steps_per_second'))} steps/s")
+        dev = limit.get("inference_device") or "cpu"
+        shared = "env stepping and inference" if dev == "cpu" else f"env stepping and the host side of {dev} inference"
+        loaded = limit.get("loaded_env_steps_per_second")
+        envs = fmt(limit.get("env_steps_per_second")) + (f" ({fmt(loaded)} with every core busy, as fitted)"
+                                                          if loaded else "")
+        by = f"{shared} sharing {cores} cores; the envs alone: {envs} steps/s"
     return f"the choice reaches {share:.0%} of {what} (limit {fmt(top)} steps/s: {by})"
 
 
