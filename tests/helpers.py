@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -176,15 +177,18 @@ class BlockingEnv(CountingEnv):
 
 
 class MisbehavingEnv(CountingEnv):
-    """Breaks gymnasium's API or its observation space in one way, ``fault``:
+    """Breaks gymnasium's API or its observation space in one way, ``fault``, from its step
+    ``from_step`` on (counting from 1; resets misbehave from the first):
     ``old_step`` (gym<0.26 4-tuple step), ``old_reset`` (obs-only reset), ``short_obs``
     (shape (1,) from step: numpy broadcasts it into (4,) silently), ``long_reset_obs``
     (shape (5,) from reset), ``huge`` (float64 1e300 in a float32 Box at every step),
-    ``array_reward`` or ``no_info`` (None for the info dict)."""
+    ``array_reward``, ``no_info`` (None for the info dict), ``none_obs``, ``str_reward``
+    (``"1.5"``), ``none_reward``, ``nan_obs`` (NaN in slot 2), ``nan_reward`` or ``none_flag``
+    (``terminated`` None)."""
 
-    def __init__(self, fault: str):
+    def __init__(self, fault: str, from_step: int = 1):
         super().__init__()
-        self.fault = fault
+        self.fault, self.from_step, self._n = fault, from_step, 0
 
     def reset(self, *, seed=None, options=None):
         obs, info = super().reset(seed=seed, options=options)
@@ -196,6 +200,9 @@ class MisbehavingEnv(CountingEnv):
 
     def step(self, action):
         obs, r, te, tr, info = super().step(action)
+        self._n += 1
+        if self._n < self.from_step:
+            return obs, r, te, tr, info
         if self.fault == "old_step":
             return obs, r, te or tr, info
         if self.fault == "short_obs":
@@ -207,7 +214,61 @@ class MisbehavingEnv(CountingEnv):
             r = np.array([r, r])
         elif self.fault == "no_info":
             info = None
+        elif self.fault == "none_obs":
+            obs = None
+        elif self.fault == "str_reward":
+            r = "1.5"
+        elif self.fault == "none_reward":
+            r = None
+        elif self.fault == "nan_obs":
+            obs[2] = np.nan
+        elif self.fault == "nan_reward":
+            r = float("nan")
+        elif self.fault == "none_flag":
+            te = None
         return obs, r, te, tr, info
+
+
+class LooseTypesEnv(CountingEnv):
+    """Returns what gymnasium's API allows beyond the exact common types, all stored as the
+    values they are: float64 observations for its float32 Box, an ``np.float32``, 0-d array,
+    bool or int reward and ``np.bool_`` or 0/1 integer flags, in turn by step."""
+
+    def __init__(self):
+        super().__init__()
+        self._n = 0
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        self._n += 1
+        k = self._n % 4
+        reward = (np.float32(r), np.array(r), bool(r > 1.0), int(r))[k]
+        te, tr = ((np.bool_(te), np.bool_(tr)), (int(te), int(tr)), (te, tr), (np.bool_(te), int(tr)))[k]
+        return obs.astype(np.float64), reward, te, tr, info
+
+
+class StuckEnv(CountingEnv):
+    """At step ``stuck_step`` (counting from 1) stops making progress for up to ``seconds``:
+    ``how`` is ``"python"`` (a loop of Python bytecode) or ``"fifo"`` (blocked opening
+    ``path``, a FIFO the test made, which nobody opens for writing: a system call that never
+    returns until interrupted). Bounded so that a watchdog that fails fails the test, not the
+    suite; the FIFO's bound is the test's to set (it opens the FIFO to release the reader)."""
+
+    def __init__(self, how: str, stuck_step: int = 3, seconds: float = 30.0, path: str = ""):
+        super().__init__()
+        self.how, self.stuck_step, self.seconds, self.path, self._n = how, stuck_step, seconds, path, 0
+
+    def step(self, action):
+        self._n += 1
+        if self._n == self.stuck_step:
+            if self.how == "python":
+                end = time.monotonic() + self.seconds
+                while time.monotonic() < end:
+                    pass
+            else:
+                with open(self.path) as f:
+                    f.read()
+        return super().step(action)
 
 
 # ---------------------------------------------------------------------------- the tuner's fake executor

@@ -35,9 +35,15 @@ class ConfigError(AuturiError, ValueError):
 
 class EnvCheckError(AuturiError, TypeError):
     """An env returned something that breaks gymnasium's API or its declared spaces: the
-    message names the env index, the space, what was returned and how to fix it. It is a
-    ``TypeError`` too. The executor checks the first reset of env 0 when it is built, so a
-    wrong env fails there, not deep inside a collect:
+    message names the env index, the call and the row of the collect where it happened, the
+    space, what was returned and how to fix it. It is a ``TypeError`` too.
+
+    Every reset and step of every env is checked (the rules: ``auturi.executor.spec``), in
+    every layout, so the same fault is the same error wherever the env runs: from an env in a
+    worker process it is a :class:`WorkerEnvCheckError`, both this and a
+    :class:`WorkerError`, whose message carries this one's. ``except auturi.EnvCheckError``
+    catches it in every layout. The executor checks the first reset of env 0 when it is
+    built, so a wrong env fails there, not deep inside a collect:
 
     >>> import auturi, gymnasium as gym
     >>> from auturi.envs import CountingEnv
@@ -82,6 +88,14 @@ class WorkerError(AuturiError, RuntimeError):
     'env worker 1 of actor 0 (envs 4-7)'
     """
 
+    def __new__(cls, worker: str = "", reason: str = "", traceback: str = "", *args: object, **kw: object):
+        # A worker's env that failed Auturi's env checks: the same EnvCheckError as in the
+        # caller's process (issue 30 item 7), whoever builds the error from the worker's
+        # traceback (the shm backend's control block, a Ray actor's, an actor passing it on).
+        if cls is WorkerError and env_check_message(traceback):
+            cls = WorkerEnvCheckError
+        return super().__new__(cls)
+
     def __init__(self, worker: str, reason: str, traceback: str = "", config: object = None, stack: str = ""):
         self.worker = worker
         self.reason = reason
@@ -101,6 +115,44 @@ class WorkerError(AuturiError, RuntimeError):
         # Exceptions pickle as cls(*args), and args holds only the message: a WorkerError that
         # crossed a process (a Ray actor's) came back unreadable, its worker and stack lost.
         return type(self), (self.worker, self.reason, self.traceback, self.config, self.stack)
+
+
+class WorkerEnvCheckError(WorkerError, EnvCheckError):
+    r"""An env in a worker process failed Auturi's env checks: an :class:`EnvCheckError` (as
+    the same env in the caller's process raises) and a :class:`WorkerError` (the worker, its
+    traceback, the config). ``check`` is the :class:`EnvCheckError`'s message, also the
+    reason the first line gives:
+
+    >>> import auturi
+    >>> tb = ("Traceback (most recent call last):\n  ...\nauturi.errors.EnvCheckError: env 3: step() returned "
+    ...       "an observation of shape (1,) ... (raised by env 3 in step() at row 2)\n")
+    >>> e = auturi.WorkerError("env worker 1 of actor 0 (envs 2-3)", "raised an exception", tb)
+    >>> isinstance(e, auturi.EnvCheckError), isinstance(e, auturi.WorkerError)
+    (True, True)
+    >>> print(str(e).splitlines()[0])
+    env worker 1 of actor 0 (envs 2-3) failed: env 3: step() returned an observation of shape (1,) ... (raised by env 3 in step() at row 2)
+    """
+
+    def __init__(self, worker: str, reason: str, traceback: str = "", config: object = None, stack: str = ""):
+        self.check = env_check_message(traceback) or reason
+        if reason.startswith("raised "):  # the backends' words ("raised an exception"): say what
+            reason = self.check
+        super().__init__(worker, reason, traceback, config, stack)
+
+
+_CHECK_PREFIX = "auturi.errors.EnvCheckError: "
+
+
+def env_check_message(traceback: str) -> str:
+    """The message of the :class:`EnvCheckError` a formatted ``traceback`` ends with (the
+    exception raised last, not one it chained from), or ``""``."""
+    if not traceback:
+        return ""
+    at = traceback.rfind("\n" + _CHECK_PREFIX)
+    at = at + 1 if at >= 0 else (0 if traceback.startswith(_CHECK_PREFIX) else -1)
+    if at < 0 or "Traceback (most recent call last):" in traceback[at:]:
+        return ""
+    return traceback[at + len(_CHECK_PREFIX):].split("\n", 1)[0].strip()
 
 
 def _indent(text: str) -> str:

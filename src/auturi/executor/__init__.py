@@ -38,7 +38,11 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
     ``worker_timeout=SECONDS`` (every backend; default ``None``: ``AUTURI_WORKER_TIMEOUT`` or
     60 s; ``math.inf``: never) bounds how long a worker process may make no progress: past it
     the collect raises :class:`auturi.WorkerError` naming the stuck worker, its envs and the
-    config, with its Python stack, and the executor closes (see :class:`Executor`).
+    config, with its Python stack, and the executor closes (see :class:`Executor`); it bounds
+    one env's silence, in the caller's process too.
+
+    ``check_finite=True`` (every backend; default False, as gymnasium's checker): NaN or inf
+    in an observation or reward is an :class:`auturi.EnvCheckError` naming the env and step.
 
     >>> import gymnasium as gym, auturi
     >>> from auturi.envs import CountingEnv

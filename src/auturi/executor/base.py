@@ -43,7 +43,9 @@ from auturi.rollout import CollectStats, Rollout
 
 WORKER_TIMEOUT = 60.0
 """Default ``worker_timeout``: a worker process (env worker, policy replica, actor) whose task
-makes no progress for this long is reported stuck. Fixed rather than derived from measured
+goes this long without one of its envs' resets or steps (or a policy batch) returning is
+reported stuck; start-up work (building envs, each env's first reset) is allowed
+``max(worker_timeout, 60 s)``. Fixed rather than derived from measured
 step times: a false alarm ends a training run while a late one costs a minute, and a step
 time measured on the first collects says nothing of a GC pause, a checkpoint an env writes
 or a VM's stolen time later on. No step or policy batch of a healthy workload takes a
@@ -73,10 +75,21 @@ class Executor(abc.ABC):
     Subclasses provide ``_apply_config``, ``_run_actors`` and ``_close_workers``.
 
     ``worker_timeout`` (seconds; ``None``: ``AUTURI_WORKER_TIMEOUT`` or 60 s, see
-    :data:`WORKER_TIMEOUT`; ``math.inf``: never) bounds how long a worker process may make no
-    progress on a task: past it the collect raises :class:`auturi.WorkerError` naming the
-    worker, its envs and the config, with the stuck process's Python stack (or that it is
-    stopped), and the executor closes. The ``serial`` backend has no worker to watch.
+    :data:`WORKER_TIMEOUT`; ``math.inf``: never) bounds one env's silence: how long a worker
+    process may go without one of its envs' resets or steps (or a policy batch) returning.
+    Past it the collect raises :class:`auturi.WorkerError` naming the worker, its envs and
+    the config, with the stuck process's Python stack (or that it is stopped), and the
+    executor closes. In the caller's own process (the ``serial`` backend, ``shm``'s actor in
+    the caller) a watchdog thread holds the same bound: a stuck env reset or step, or policy
+    batch, is printed to stderr with the thread's stack, interrupted and raised as
+    :class:`auturi.WorkerError` naming the env; first resets get ``max(worker_timeout, 60)``
+    s. C code that never returns to Python cannot be interrupted there: run such envs in env
+    workers (``env_parallel_degree`` > 1), whose processes are ended.
+
+    Every reset and step of every env is checked against gymnasium's API and the declared
+    spaces (:class:`auturi.EnvCheckError`, the same in every layout). ``check_finite=True``
+    also refuses NaN and inf in observations and rewards (off by default, as in gymnasium's
+    own checker: a NaN is stored as the env returned it).
 
     ``env_id_offset`` is the global index of this executor's first env: seeds and noise
     streams are keyed by global indices (and ``final_observations``/``final_infos`` are
@@ -105,8 +118,9 @@ class Executor(abc.ABC):
 
     def __init__(self, env: EnvLike, policy: Policy, num_envs: int | None = None,
                  config: Config | None = None, seed: int = 0, env_id_offset: int = 0,
-                 worker_timeout: float | None = None):
+                 worker_timeout: float | None = None, check_finite: bool = False):
         self.worker_timeout = resolve_worker_timeout(worker_timeout)
+        self.check_finite = bool(check_finite)
         self.env_fns = resolve_env_fns(env, num_envs)
         self.num_envs = len(self.env_fns)
         self.policy = policy

@@ -9,8 +9,18 @@ that dtype (Box, MultiDiscrete, MultiBinary), a copy the env may keep. Never a P
 a list: an env that computes with its action would step differently (a float32 state times
 an ``np.int64`` is float64, times a Python int float32).
 
-Each env's first reset and first step are checked against gymnasium's API and the rollout
-arrays (``spec.check_*``); an exception an env raises gets a note naming the env."""
+Every reset and step of every env is checked against gymnasium's API and the rollout arrays
+(the rules: ``spec``, "env output checks") by a stand-in that holds the env in
+``EnvRunner.envs`` (:class:`_Checked`), so every stepping path, in every layout and process,
+checks the same way and raises the same :class:`~auturi.errors.EnvCheckError`. Its fast path
+is one signature compare a call (measured on 2026-11-26 with ``bench/envcheck.py``: 4.1% more
+instructions per step for serial CartPole with a constant policy, the cheapest step there is,
+0.5% for HalfCheetah); anything else goes to ``spec``'s thorough check. An exception an env
+raises gets a note naming the env and the row; an ``EnvCheckError`` gets the same words in its
+message.
+
+Over 400 lines because the stepping paths and the stand-ins every call of theirs goes through
+are one cost budget, read together: a line added to either is paid per env step."""
 from __future__ import annotations
 
 import time
@@ -21,7 +31,9 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.envs import env_seed
-from auturi.executor.spec import EnvCheckError, check_reset_output, check_step_output
+from auturi.executor.spec import BOOL_TYPES, EnvCheckError, check_reset_output, check_step_output, finite_values
+
+_ndarray = np.ndarray
 
 LARGE_OBS_BYTES = 16384
 """Observations at least this large are copied into the rollout block one env at a time on
@@ -38,16 +50,44 @@ class EnvRunner:
 
     ``finals`` collects, per ended episode at ``(t, i)``, the real last observation and the
     info the env returned; the host hands them over at the end of a collect.
+
+    ``check_finite``: NaN or inf in an observation (as stored) or a reward is an
+    :class:`~auturi.errors.EnvCheckError` (off by default, as in gymnasium's checker; on, it
+    costs an ``isfinite`` over each observation: 28% more instructions a CartPole step,
+    ``bench/envcheck.py``). ``check_steps`` (``False``: only each env's first
+    reset and first step are checked, as before 2026-11-26) exists to measure what the checks
+    cost (``bench/envcheck.py``); leave it on.
+
+    ``on_progress``, when set, is called with no argument after each single env's reset or
+    step returned and passed its check (every stepping path): a worker can show progress per
+    env. ``None`` (the default) costs nothing. Not called for envs no longer checked
+    (``check_steps=False``).
     """
 
+    _on_progress: Callable[[], None] | None = None
+
+    @property
+    def on_progress(self) -> Callable[[], None] | None:
+        return self._on_progress
+
+    @on_progress.setter
+    def on_progress(self, fn: Callable[[], None] | None) -> None:
+        self._on_progress = fn
+        cls = _STAND_INS[self.check_finite, fn is not None]
+        for env in self.envs.values():
+            if isinstance(env, _Checked):
+                env.__class__ = cls  # same slots: the step caches holding it stay valid
+
     def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
-                 generation: int = 0, id_offset: int = 0, live: Mapping[int, Any] | None = None):
+                 generation: int = 0, id_offset: int = 0, live: Mapping[int, Any] | None = None,
+                 check_finite: bool = False, check_steps: bool = True):
         self.env_ids = list(env_ids)
+        self.check_finite, self.check_steps = bool(check_finite), bool(check_steps)
         live = live or {}
-        # every new env starts behind a stand-in that checks its first reset and step, then
-        # steps aside; a live env (``live``: moved here from another runner, mid-episode) was
-        # checked where it started and goes on from where it was, without a reset
-        self.envs = {i: live[i] if i in live else _FirstCalls(env_fns[i](), i, self) for i in self.env_ids}
+        # every env, new or live (``live``: moved here from another runner, mid-episode; it goes
+        # on from where it was, without a reset), stands behind its checking stand-in
+        stand_in = _STAND_INS[self.check_finite, False]
+        self.envs = {i: stand_in(live[i] if i in live else env_fns[i](), i, self) for i in self.env_ids}
         self._unreset = [i for i in self.env_ids if i not in live]  # the next collect resets these first
         self._warned: set[int] = set()
         self.seed, self.generation, self.id_offset = seed, generation, id_offset
@@ -88,7 +128,7 @@ class EnvRunner:
         for i in ids:
             env = self.envs.pop(i)
             if i not in self._unreset:
-                out[i] = env.env if isinstance(env, _FirstCalls) else env
+                out[i] = env.env if isinstance(env, _Checked) else env
         self.env_ids = [i for i in self.env_ids if i in self.envs]
         self._unreset = [i for i in self._unreset if i in self.envs]
         self._cols, self._slice_key, self._slice_list = {}, None, []
@@ -108,7 +148,7 @@ class EnvRunner:
                 out[i] = None
                 continue
             try:
-                out[i] = cloudpickle.dumps(env.env if isinstance(env, _FirstCalls) else env)
+                out[i] = cloudpickle.dumps(env.env if isinstance(env, _Checked) else env)
             except Exception:  # the probe at start passed but this one cannot travel: recreated
                 out[i] = b""
         return out
@@ -245,20 +285,9 @@ class EnvRunner:
         f, self.finals = self.finals, {}
         return f
 
-    def _checked(self, what: str, i: int, out: Any) -> Any:
-        """``out``, what env ``i`` returned from its first ``what``, once checked (raises
-        :class:`~auturi.executor.spec.EnvCheckError`; warns once per env of values the
-        rollout's dtype cannot hold)."""
-        row = self.a["obs"][0, i]
-        check = check_reset_output if what == "reset" else check_step_output
-        warning = check(out, i, self.envs[i], row)
-        if warning and i not in self._warned:
-            self._warned.add(i)
-            warnings.warn(warning, RuntimeWarning, stacklevel=2)
-        return out
-
     def _unwrap(self, i: int) -> None:
-        """Put env ``i`` itself in place of its stand-in, and drop the caches that held it."""
+        """Put env ``i`` itself in place of its stand-in (``check_steps=False``), and drop the
+        caches that held it."""
         self.envs[i] = self.envs[i].env
         self._cols.pop(i, None)
         self._slice_key, self._slice_list = None, []
@@ -273,33 +302,164 @@ class EnvRunner:
         self._cols, self._slice_list, self._slice_key = {}, [], None
 
 
-class _FirstCalls:
-    """Stands in for env ``i`` in ``EnvRunner.envs`` until its first step: checks what its
-    first reset and first step return, then puts the env back in its place, so no stepping
-    path pays for the check afterwards (a per-step flag would cost every step)."""
+class _Checked:
+    """Stands in for env ``i`` in ``EnvRunner.envs`` and checks what each of its resets and
+    steps returns: the one place of the checks, whatever path or process steps the env.
 
-    __slots__ = ("env", "i", "runner", "reset_checked")
+    The fast path compares the result's signature (the types of its parts, the observation's
+    shape and dtype) with the last one ``spec``'s thorough check accepted for this env and
+    kind of call: one tuple built and compared a step (~2,200 instructions on CPython 3.11, the
+    stand-in's call ~500 more: 3-4% of a CartPole step's; ``bench/envcheck.py``; tests of each
+    part one by one cost more). Any other signature, and each env's first reset and first
+    step, get the thorough check, which raises
+    :class:`EnvCheckError` or accepts (a float64 observation for a float32 row is cast, as
+    numpy casts). A signature is learnt only where types decide the verdict (an ndarray
+    observation; a Python or numpy scalar reward; bool flags; a dict): an int flag must be 0
+    or 1 and a 0-d array reward must stay 0-d, so those are checked in full every time.
+    Values are the subclasses' (:class:`_CheckedFinite`), so the plain class pays nothing for
+    an option that is off."""
+
+    __slots__ = ("env", "i", "runner", "reset_sig", "step_sig", "reset_seen", "step_seen")
 
     def __init__(self, env: gym.Env, i: int, runner: EnvRunner):
-        self.env, self.i, self.runner, self.reset_checked = env, i, runner, False
+        self.env, self.i, self.runner = env, i, runner
+        self.reset_sig = self.step_sig = _NOT_LEARNT
+        self.reset_seen = self.step_seen = False
 
-    def __getattr__(self, name: str) -> Any:  # spaces, and anything else asked of the env
-        return getattr(self.env, name)
+    # No __getattr__ forwarding to the env: a class with one loses CPython's fast attribute
+    # loads on every access, its own slots included (~1,300 instructions a step here). The
+    # runner asks its stand-ins for reset, step and close only; the env itself is ``env``.
 
     def reset(self, **kw: Any) -> Any:
         out = self.env.reset(**kw)
-        if not self.reset_checked:
-            self.reset_checked = True
-            self.runner._checked("reset", self.i, out)
+        try:
+            o, info = out
+            sig = (out.__class__, o.__class__, o.shape, o.dtype, info.__class__)
+        except (TypeError, ValueError, AttributeError):  # not a pair, an observation without shape
+            sig = None
+        if sig != self.reset_sig:
+            self._check("reset", out, sig)
         return out
 
     def step(self, action: Any) -> Any:
         out = self.env.step(action)
-        self.runner._unwrap(self.i)
-        return self.runner._checked("step", self.i, out)
+        try:
+            o, r, te, tr, info = out
+            sig = (o.__class__, o.shape, o.dtype, r.__class__, te.__class__, tr.__class__, info.__class__)
+        except (TypeError, ValueError, AttributeError):  # not a 5-tuple (gym<0.26's 4), an observation without shape
+            sig = None
+        if sig != self.step_sig:  # (a 5-list passes as the 5-tuple it holds would: the data is the same)
+            self._check("step", out, sig)
+        return out
+
+    def _check(self, what: str, out: Any, sig: tuple | None) -> None:
+        """The thorough check of ``out`` (raises EnvCheckError), then ``sig`` learnt where its
+        types decide the verdict. The first call of each kind also looks for values the row's
+        dtype cannot hold (a warning, once per env) and, with ``check_steps`` off, the first
+        step steps aside after it."""
+        runner, i = self.runner, self.i
+        row = runner.a["obs"][0, i]
+        first = not (self.reset_seen if what == "reset" else self.step_seen)
+        check = check_reset_output if what == "reset" else check_step_output
+        warning = check(out, i, self.env, row.shape, row.dtype, warn_range=first, finite=runner.check_finite)
+        if warning and i not in runner._warned:
+            runner._warned.add(i)
+            warnings.warn(warning, RuntimeWarning, stacklevel=3)
+        learn = sig if sig is not None and _decided_by_types(sig) else _NOT_LEARNT
+        if what == "reset":
+            self.reset_seen, self.reset_sig = True, learn
+        else:
+            self.step_seen, self.step_sig = True, learn
+            if not runner.check_steps:
+                runner._unwrap(i)
 
     def close(self) -> None:
         self.env.close()
+
+
+_NOT_LEARNT = object()  # equal to no signature, None included: the next call is checked in full
+
+
+def _decided_by_types(sig: tuple) -> bool:
+    """Whether every result with signature ``sig`` gets the verdict the thorough check gave
+    the one it accepted: an ndarray observation (its shape and dtype are in ``sig``), a
+    Python or numpy scalar reward, bool flags, a dict."""
+    if len(sig) == 5:  # a reset's: (result type, observation type, shape, dtype, info type)
+        return sig[1] is _ndarray and issubclass(sig[4], dict)
+    if sig[0] is not _ndarray:
+        return False
+    reward, te, tr, info = sig[3:]
+    return (issubclass(reward, (int, float, np.number)) and te in BOOL_TYPES and tr in BOOL_TYPES
+            and issubclass(info, dict))
+
+
+class _CheckedFinite(_Checked):
+    """:class:`_Checked` under ``check_finite``: each observation (as the row's dtype stores
+    it) and reward must also be finite; ``spec``'s thorough check says what is not."""
+
+    __slots__ = ()
+
+    def reset(self, **kw: Any) -> Any:
+        out = super().reset(**kw)
+        if not finite_values(out[0], 0.0, self.runner.a["obs"].dtype):
+            self._check("reset", out, None)  # raises, naming the value
+        return out
+
+    def step(self, action: Any) -> Any:
+        out = super().step(action)
+        if not finite_values(out[0], out[1], self.runner.a["obs"].dtype):
+            self._check("step", out, None)
+        return out
+
+
+class _CheckedReporting(_Checked):
+    """:class:`_Checked` that also calls ``EnvRunner.on_progress`` after each reset and step:
+    a stand-in becomes one (its class is swapped in place) only while a callback is set, so
+    without one nothing is paid for it."""
+
+    __slots__ = ()
+
+    def reset(self, **kw: Any) -> Any:
+        out = super().reset(**kw)
+        self.runner._on_progress()
+        return out
+
+    def step(self, action: Any) -> Any:
+        out = super().step(action)
+        self.runner._on_progress()
+        return out
+
+
+class _CheckedFiniteReporting(_CheckedReporting, _CheckedFinite):
+    """Both: finite values, then the progress callback."""
+
+    __slots__ = ()
+
+
+_STAND_INS = {(False, False): _Checked, (True, False): _CheckedFinite, (False, True): _CheckedReporting,
+              (True, True): _CheckedFiniteReporting}  # by (check_finite, on_progress set)
+
+
+_CALL_CODES = (_Checked.step.__code__, _Checked.reset.__code__)
+
+
+def env_call_frame(frame: Any) -> Any:
+    """The frame of the env reset or step (a stand-in's) that ``frame`` (a thread's innermost
+    frame) is inside, or None. While it is the same frame object, that one call has not
+    returned: a watchdog tells progress from a stuck env with it, at no cost to the step."""
+    while frame is not None:
+        if frame.f_code in _CALL_CODES:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def env_of_frame(frame: Any) -> int | None:
+    """The index of the env whose call :func:`env_call_frame` found."""
+    try:
+        return int(frame.f_locals["self"].i)
+    except Exception:  # not such a frame
+        return None
 
 
 def _where(finals: dict, t: int, i: int) -> str:
@@ -308,21 +468,28 @@ def _where(finals: dict, t: int, i: int) -> str:
 
 
 def _name_env(e: Exception, i: int, where: str) -> Exception:
-    """``e`` with a note naming env ``i``: the traceback, and a worker's ``WorkerError``,
-    then say which env failed. Auturi's own env checks name it already."""
-    if not isinstance(e, EnvCheckError):
-        e.add_note(f"(raised by env {i} {where})")
+    """``e`` with a note naming env ``i`` and where it failed: the traceback, and a worker's
+    ``WorkerError``, then say which env failed. An :class:`EnvCheckError` gets the same words
+    at the end of its message instead (the message is what a log prints), once."""
+    text = f"(raised by env {i} {where})"
+    if isinstance(e, EnvCheckError):
+        if not getattr(e, "env_where", None) and e.args and isinstance(e.args[0], str):
+            e.env_where = text
+            e.args = (f"{e.args[0]} {text}",) + e.args[1:]
+    else:
+        e.add_note(text)
     return e
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Any], seed: int, generation: int = 0,
-                    id_offset: int = 0, live: Mapping[int, Any] | None = None):
+                    id_offset: int = 0, live: Mapping[int, Any] | None = None, check_finite: bool = False):
     """The runner for these envs: the source's own, when ``env_fns[env_ids[0]]`` has a
     ``make_runner(env_ids, seed, generation, id_offset)`` method (EnvPool's threaded pool:
-    the thesis' Fig. 5.2 lets an actor's env side be any vectorised env), else an
-    :class:`EnvRunner` (which takes ``live`` envs moved from another runner)."""
+    the thesis' Fig. 5.2 lets an actor's env side be any vectorised env; its output is
+    EnvPool's own, not checked here), else an :class:`EnvRunner` (which takes ``live`` envs
+    moved from another runner, and ``check_finite``)."""
     source = env_fns[env_ids[0]]
     make_runner = getattr(source, "make_runner", None)
     if make_runner is not None:
         return make_runner(list(env_ids), seed, generation, id_offset)
-    return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live)
+    return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live, check_finite=check_finite)

@@ -78,7 +78,8 @@ class RayActorHost:
                 "pid": os.getpid(), "cores": cores, "dumpfd": self.dumpfd}
 
     def start(self, env_fns: Sequence[Any], policy: Any, config: Config, seed: int, lo: int, generation: int,
-              steps_done: int, weights: dict | None, cores: list[int] | None, worker_timeout: float) -> None:
+              steps_done: int, weights: dict | None, cores: list[int] | None, worker_timeout: float,
+              check_finite: bool = False) -> None:
         if cores:  # this actor's own cores of its node (when the node has enough for every actor)
             try:
                 os.sched_setaffinity(0, cores)
@@ -86,7 +87,7 @@ class RayActorHost:
                 pass
         self.ex = SliceExecutor(list(env_fns[lo:lo + config.num_envs]), policy, config=config, seed=seed,
                                 env_id_offset=lo, generation=generation, steps_done=steps_done,
-                                worker_timeout=worker_timeout)
+                                worker_timeout=worker_timeout, check_finite=check_finite)
         if weights is not None:
             self.ex.set_policy_state(weights)
 

@@ -198,7 +198,7 @@ class RayExecutor(Executor):
         cores = ray_actor_cores(wheres, placements[0].cpus)  # type: ignore[union-attr]
         self._wait({a.index: a.handle.start.remote(fns, policy, placements[a.index].node_config, self.seed,  # type: ignore[union-attr]
                                                    a.envs[0], self._generation, self._steps_done, self._weights_ref,
-                                                   cores[a.index], self.worker_timeout)
+                                                   cores[a.index], self.worker_timeout, self.check_finite)
                     for a in self._actors}, self._start_timeout)
 
     def _plan_for(self, config: Config) -> Any:

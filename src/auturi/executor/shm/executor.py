@@ -37,6 +37,7 @@ from auturi.executor.base import Executor
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
+from auturi.executor.local_lanes import CallerWatchdog
 from auturi.executor.shm import processes
 from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, POLL_SECONDS,
                                          REPLAN, SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION,
@@ -84,6 +85,7 @@ class ShmExecutor(Executor):
         self._ctrl: ArrayBlock | None = None
         self._weights: ArrayBlock | None = None
         self._host: ActorHost | None = None
+        self._watchdog: CallerWatchdog | None = None
         self._actor_lanes: list[RemoteLane] = []
         self._main_waiter: Waiter | None = None
         self._main_sem: Semaphore | None = None  # workers report start-up (and actors their collects) here
@@ -355,7 +357,7 @@ class ShmExecutor(Executor):
 
     def _common(self) -> dict:
         return {"seed": self.seed, "generation": self._generation, "id_offset": self.env_id_offset,
-                "spin": self._spin_seconds(), "timeout": self.worker_timeout}
+                "spin": self._spin_seconds(), "timeout": self.worker_timeout, "check_finite": self.check_finite}
 
     def _start(self, plan: LayoutPlan, keep: dict[str, int], live: dict[int, Any], leaving: set[int]) -> list[int]:
         """Start the plan's processes that no live worker keeps doing, on slots neither kept
@@ -468,7 +470,8 @@ class ShmExecutor(Executor):
         else:
             ids = plan.main.env_ids
             envs = make_env_runner(ids, self.env_fns, self.seed, self._generation, self.env_id_offset,
-                                   {e: _unpickled(live[e]) for e in ids if e in live})
+                                   {e: _unpickled(live[e]) for e in ids if e in live},
+                                   check_finite=self.check_finite)
         host = ActorHost(ap, envs, lambda: self.policy, ctrl, self._lanes(ap, index), self._done_sem(0),
                          self._check_children, plan.config, self._spin_seconds(), self.worker_timeout,
                          (memoryview(ctrl["hdr"]), BEAT))
@@ -503,7 +506,11 @@ class ShmExecutor(Executor):
     def _run_actors(self, num_steps: int) -> tuple[float, float, float]:
         assert self._ctrl is not None
         if self._host is not None:
-            self._host.collect(num_steps)
+            # worker_timeout for the caller's own env share and replica (its remote lanes have
+            # their Waiter): a stuck env there is interrupted and named, not a hang
+            host = self._host
+            self._caller_watchdog().run(host.collect, num_steps,
+                                        timeout=max(self.worker_timeout, START_TIMEOUT_FLOOR) if host.fresh else None)
         else:
             assert self._main_waiter is not None
             for lane in self._actor_lanes:
@@ -577,9 +584,26 @@ class ShmExecutor(Executor):
                 s.start_sem.unlink_name()
                 self._workers.pop(i, None)
 
+    def _caller_watchdog(self) -> CallerWatchdog:
+        """The watchdog of the actor running in the caller (built once; it holds no reference
+        to this executor, so an executor dropped without ``close()`` is still collected)."""
+        if self._watchdog is None:
+            me = weakref.ref(self)
+
+            def progress() -> int:
+                ex = me()
+                return int(ex._ctrl["hdr"][BEAT]) if ex is not None and ex._ctrl is not None else 0
+
+            self._watchdog = CallerWatchdog(self.worker_timeout, progress, "in the caller's process, shm actor 0",
+                                            lambda: getattr(me(), "_applying", None) or getattr(me(), "_config", None))
+        return self._watchdog
+
     def _close_workers(self) -> None:
         """End every worker (EXIT, then SIGTERM, then SIGKILL), then unlink the blocks and the
         semaphore names. The unlinking runs whatever happened before it."""
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         self._actor_lanes = []
         self._main_waiter = None
         try:
