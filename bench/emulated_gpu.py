@@ -15,7 +15,15 @@ For each step-time profile (``pong-like``, ``straggler``), in interleaved rounds
   on a GPU (less its buffer writes). A real SB3 PPO with a torch MLP would time the 2 real
   cores' MLP, not the emulated GPU, so it does not apply here;
 - ``serial``: Auturi's serial layout, inference on the emulated device in this process;
-- a few hand-picked Auturi layouts on the emulated device (``cuda``), one on the CPU;
+- a few hand-picked Auturi layouts on the emulated device (``cuda``), one on the CPU; the
+  table's ``loop`` column says which actor loop each runs (``lockstep``, ``overlapped``:
+  env stepping overlapped with inference, ``general``; see ``auturi.executor.actor_loop``);
+- with ``--overlap``: more overlapped layouts (two or four replicas, one env a worker, two
+  actors) and the lockstep ones they compete with. On 2026-11-26 (2 cores shared with other
+  jobs, 5 rounds) the best overlapped layout reached 60-66% of the envs' rate on
+  ``pong-like`` (1 x 32, degree 32, 2 replicas of batch 16; the best lockstep one, 2 x 16,
+  67-72%) and 69-75% on ``straggler`` (1 x 32, degree 32, 4 replicas of batch 8; the best
+  lockstep one 42-45%);
 - with ``--tune-seconds``: ``auturi.tune`` (offline, ``cpu`` and ``cuda``) and its choice.
 
 Every system runs the same envs behind one :class:`~auturi.testing.emulated_sim.SimCores` pool
@@ -29,7 +37,7 @@ that layout 3x SB3, its 32 pickling processes crowding the 2 real cores. Each sy
 ``start_seconds`` (building it, its first collect, and the device's start cost in each of its
 processes) is recorded.
 
-Run: python -m bench.emulated_gpu [--quick] [--profiles pong-like straggler] [--num-envs 32]
+Run: python -m bench.emulated_gpu [--quick] [--overlap] [--profiles pong-like straggler] [--num-envs 32]
      [--time-scale 4] [--tune-seconds 40] [--out bench/results/emulated_gpu.json]
 ``--quick`` (under a minute on 2 cores): 32 envs, 32 steps, 2 rounds, fewer layouts, a 0.5 s
 device start. ``--smoke``: 4 envs, a few steps, for the tests (its numbers mean nothing).
@@ -45,9 +53,10 @@ from typing import Any
 from bench.common import interleave, machine_header, save_and_print, summarize
 
 
-def layouts(n: int, sim_cores: int, quick: bool) -> dict[str, Any]:
+def layouts(n: int, sim_cores: int, quick: bool, overlap: bool = False) -> dict[str, Any]:
     """The hand-picked Auturi layouts for ``n`` envs, their env workers sized to the emulated
-    simulator's cores (names as the table prints them)."""
+    simulator's cores (names as the table prints them); ``overlap`` adds overlapped layouts
+    (``ActorPlan.overlap``) and the lockstep ones they compete with."""
     from auturi import Config
 
     full = max(d for d in range(1, min(n, sim_cores) + 1) if n % d == 0)  # a worker per simulator core
@@ -63,7 +72,22 @@ def layouts(n: int, sim_cores: int, quick: bool) -> dict[str, Any]:
         out[f"auturi_2x{n // 2}_d{half}"] = Config(2, n // 2, half, 1, "cuda", n // 2)
     if not quick:
         out[f"auturi_1x{n}_d{full}_cpu"] = Config(1, n, full, 1, "cpu", n)
+    if overlap and n % 4 == 0:
+        out[f"auturi_1x{n}_d{full}_4rep_b{n // 4}"] = Config(1, n, full, 4, "cuda", n // 4)
+        out[f"auturi_1x{n}_d{n}_2rep_b{n // 2}"] = Config(1, n, n, 2, "cuda", n // 2)  # one env a worker
+        out[f"auturi_1x{n}_d{n}_4rep_b{n // 4}"] = Config(1, n, n, 4, "cuda", n // 4)
+        d2 = max(d for d in range(1, min(n // 2, sim_cores) + 1) if (n // 2) % d == 0)
+        out[f"auturi_2x{n // 2}_d{d2}"] = Config(2, n // 2, d2, 1, "cuda", n // 2)  # lockstep, two actors
+        out[f"auturi_2x{n // 2}_d{d2}_2rep_b{n // 4}"] = Config(2, n // 2, d2, 2, "cuda", n // 4)
     return out
+
+
+def loop_of(config: Any) -> str:
+    """Which actor loop ``config`` runs (the layout plan's choice)."""
+    from auturi.executor.layout import plan_layout
+
+    ap = plan_layout(config, cores=[0]).actors[0]
+    return "lockstep" if ap.lockstep else "overlapped" if ap.overlap else "general"
 
 
 def _free_main(env_fn: Any, num_envs: int, seed: int, conn: Any) -> None:
@@ -177,7 +201,7 @@ def run_profile(profile: str, args: Any, pool_name: str) -> dict:
             runners["auturi_free_policy"] = _Timed(lambda: AuturiRunner(
                 env, auturi.ConstantPolicy(EmulatedSimEnv(profile).action_space), n, cfg, warmup_steps=steps))
         runners["sb3_subproc"] = _Timed(lambda: PeerRunner("subproc", env, n, policy(), warmup_steps=steps))
-        chosen = dict(layouts(n, args.sim_cores, args.quick))
+        chosen = dict(layouts(n, args.sim_cores, args.quick, args.overlap))
         if args.tune_seconds:
             t0 = time.perf_counter()
             report = auturi.tune(env, policy=policy("cpu"), num_envs=n, num_steps=steps,
@@ -191,8 +215,10 @@ def run_profile(profile: str, args: Any, pool_name: str) -> dict:
                                        "predicted": t.predicted} for t in report.trials]}
             print(f"{profile}: tuned in {row['tune']['seconds']:.0f} s: {report.config}", flush=True)
             chosen["auturi_tuned"] = report.config
+        row["loops"] = {}
         for name, cfg in chosen.items():
             row["configs"][name] = str(cfg)
+            row["loops"][name] = loop_of(cfg)
             device = "cpu" if cfg.policy_device == "cpu" else "cuda"
             runners[name] = _Timed(lambda c=cfg, d=device: AuturiRunner(env, policy(d), n, c, warmup_steps=steps))
         row["start_seconds"] = {k: r.start_seconds for k, r in runners.items()}
@@ -221,6 +247,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--collects", type=int, default=2, help="collects per sample")
     ap.add_argument("--tune-seconds", type=float, default=0.0, help="also run auturi.tune for this long (0: no)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also overlapped layouts (replicas, one env a worker, two actors) and their lockstep rivals")
     ap.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
     ap.add_argument("--smoke", action="store_true", help="the smallest run, for the tests (numbers mean nothing)")
     ap.add_argument("--out", default=None, help="default bench/results/emulated_gpu[_quick].json")
@@ -259,11 +287,12 @@ def markdown(out: dict) -> str:
         lines += [f"**{r['profile']}** ({r['description']}; mean step {r['mean_step_ms']:.2f} ms scaled): "
                   f"envs only {r['envs_only']:,.0f} steps/s (free-running, no policy), "
                   f"the emulated machine's model {r['ceiling_model']:,.0f}", "",
-                  "| system | layout | steps/s | spread | vs SB3 Subproc | vs envs only | start s |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+                  "| system | layout | loop | steps/s | spread | vs SB3 Subproc | vs envs only | start s |",
+                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for name, p in r["peers"].items():
             vs = r["vs_sb3_subproc"].get(name)
-            lines.append(f"| {name} | {r['configs'].get(name, '-').replace('|', '/')} | {p['median']:,.0f} | "
+            loop = r.get("loops", {}).get(name, "-")
+            lines.append(f"| {name} | {r['configs'].get(name, '-').replace('|', '/')} | {loop} | {p['median']:,.0f} | "
                          f"{p['spread']:.0%} | {f'{vs:.2f}x' if vs is not None else '-'} | "
                          f"{r['vs_envs_only'][name]:.0%} | {r['start_seconds'].get(name, 0):.1f} |")
         lines.append("")

@@ -117,6 +117,35 @@ def test_every_config_gives_the_serial_rollout(env, backend, config, serial_refs
     assert_same(run(backend, config, ENVS[env]), serial_refs(env))
 
 
+# Layouts whose actor overlaps env stepping with inference (ActorPlan.overlap: a policy on a
+# device, env workers, more than one forward pass a row): batches spread over the env shares,
+# env workers queueing several batches' steps. An emulated CUDA device makes the plan overlap
+# (ObsHashPolicy runs anywhere); Ray would ask its cluster for a GPU, so serial and shm only.
+OVERLAPPED_CONFIGS = [
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2,
+           policy_device="cuda"),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=1, policy_batch_size=1,
+           policy_device="cuda"),
+    Config(num_actors=1, envs_per_actor=4, env_parallel_degree=4, policies_per_actor=2, policy_batch_size=1,
+           policy_device="cuda"),
+    Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1,
+           policy_device="cuda"),
+]
+
+
+@pytest.mark.parametrize("config", OVERLAPPED_CONFIGS, ids=ids)
+@pytest.mark.parametrize("env,backend", [(e, b) for e in EVERY_CONFIG_ENVS for b in ("serial", "shm")],
+                         indirect=["backend"])
+def test_overlapped_configs_give_the_serial_rollout(env, backend, config, serial_refs):
+    from auturi.executor.layout import plan_layout
+    from auturi.testing.emulated_gpu import emulated_gpu
+
+    assert all(ap.overlap for ap in plan_layout(config, cores=[0, 1]).actors)
+    with emulated_gpu():
+        got = run(backend, config, ENVS[env])
+    assert_same(got, serial_refs(env))
+
+
 @pytest.mark.parametrize("space,backend", HYBRID_CASES, indirect=["backend"])
 def test_box_actions_and_image_observations(backend, space, serial_refs):
     if space == "box_action":

@@ -138,6 +138,40 @@ def test_the_actor_loop_runs_the_plans_lockstep_choice(cfg):
                           lockstep=True)
 
 
+OVERLAP_CASES = CONFIGS + [
+    Config(envs_per_actor=8, env_parallel_degree=4, policies_per_actor=2, policy_device="cuda", policy_batch_size=4),
+    Config(envs_per_actor=8, env_parallel_degree=2, policy_device="cuda", policy_batch_size=4),  # own replica
+    Config(envs_per_actor=8, env_parallel_degree=2, policy_device="cuda"),  # lockstep
+    Config(num_actors=2, envs_per_actor=4, policies_per_actor=2, policy_device="cuda:1", policy_batch_size=2),
+    Config(num_actors=2, envs_per_actor=4, env_parallel_degree=4, policies_per_actor=2, policy_batch_size=2),  # cpu
+]
+
+
+@pytest.mark.parametrize("cfg", OVERLAP_CASES, ids=str)
+def test_the_actor_loop_overlaps_exactly_when_the_plan_says(cfg):
+    """The overlap rule, restated: a policy on a device, env workers, and not lockstep; the
+    loop built as ActorHost builds it then queues tasks on its remote lanes (TaskQueues), and
+    only then."""
+    for backend_cores in ([0, 1], None):
+        for ap in plan_layout(cfg, cores=backend_cores).actors:
+            want = (cfg.policy_device != "cpu" and cfg.env_parallel_degree > 1
+                    and not (cfg.policies_per_actor == 1 and cfg.policy_batch_size >= cfg.envs_per_actor))
+            assert ap.overlap == want and not (ap.overlap and ap.lockstep)
+            env_lanes = [_Lane(remote=d > 0) for d in range(cfg.env_parallel_degree)]
+            pol_lanes = [_Lane(remote=cfg.policies_per_actor > 1) for _ in range(cfg.policies_per_actor)]
+            made = []
+            loop = ActorLoop(ap.env_ids, env_lanes, pol_lanes, cfg.policy_batch_size, lambda: [], lambda r: object(),
+                             lockstep=ap.lockstep, overlap=ap.overlap,
+                             task_queues=lambda envs, pols: made.append((envs, pols)) or object())
+            assert (loop._queues is not None) == ap.overlap
+            if ap.overlap:  # every remote lane is the queues', share 0 and a lone replica stay in the actor
+                assert made == [(env_lanes[1:], [p for p in pol_lanes if p.remote])]
+    ray = plan_layout(Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2,
+                             policy_device="cuda", policy_batch_size=2),
+                      cluster=ClusterResources(node_cpus=(16,), node_gpus=(2,)))
+    assert all(ap.overlap for ap in ray.actors)  # a Ray actor's own shm executor overlaps the same way
+
+
 def test_hand_worked_two_actors():
     cfg = Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=2)
     p = plan_layout(cfg, cores=[3, 1, 2])  # any order: pins index the sorted cores

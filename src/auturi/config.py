@@ -47,7 +47,9 @@ class Config:
       where the replicas run.
     - ``policy_batch_size`` (1 .. ``envs_per_actor``; 0 = ``envs_per_actor``): the most
       observations a replica takes in one forward pass; a smaller batch goes when waiting
-      could not fill it, so nothing deadlocks.
+      could not fill it, so nothing deadlocks. Below ``envs_per_actor`` (or with several
+      replicas), with env workers and a policy on a device, env stepping overlaps inference
+      (the attribute's docstring says how).
 
     A knob that breaks its rule raises :class:`~auturi.ConfigError` naming it:
 
@@ -76,7 +78,25 @@ class Config:
     """Where the replicas run: ``cpu``, ``cuda`` or ``cuda:k``."""
     policy_batch_size: int = field(default=0)
     """The most observations a replica takes in one forward pass (1 .. envs_per_actor);
-    0 means ``envs_per_actor``. A smaller batch is sent when waiting could not fill it."""
+    0 means ``envs_per_actor``. A smaller batch is sent when waiting could not fill it.
+
+    With the other knobs it picks the actor's loop (``ActorPlan`` in
+    ``auturi.executor.layout``); none changes the data:
+
+    - lockstep: one replica (in the actor's process) and a batch of all the actor's envs:
+      every env steps row by row, one forward pass a row;
+    - overlapped: a smaller batch or several replicas, env workers (``env_parallel_degree``
+      > 1) and a policy on a device (``cuda``): batches are spread over the env workers, so
+      each worker's envs fall in different batches, and a worker queues the steps of several
+      batches: it steps one batch's envs while another batch is in inference (Sample
+      Factory's alternating halves), and envs go on first come first served (EnvPool's
+      first-ready batches), so a slow env holds back only its own worker. It pays with
+      replicas of their own (``policies_per_actor`` >= 2), since an actor's own replica
+      stops its loop for each forward pass, and with batches of about
+      ``envs_per_actor / policies_per_actor``;
+    - general: the rest (a CPU policy, no env workers): whichever envs are ready go to a
+      free replica. On the CPU, inference shares the cores with the env workers and
+      spreading batches over them cost more wake-ups than it hid."""
 
     def __post_init__(self) -> None:
         for knob in ("num_actors", "envs_per_actor", "env_parallel_degree", "policies_per_actor"):

@@ -2,10 +2,10 @@
 from ``(config, cores, cluster)`` to a :class:`LayoutPlan`.
 
 Per actor the plan says which envs it owns, how they are split in shares and which process
-steps each share, its policy replicas and where they run, whether its loop runs in lockstep,
-and, per process it starts, the cores the process is pinned to and the torch threads it
-sets. The rules are the ones the backends apply (and must keep applying, so that a plan
-read instead of recomputed changes nothing):
+steps each share, its policy replicas and where they run, which loop it runs (lockstep,
+overlapped or general), and, per process it starts, the cores the process is pinned to and
+the torch threads it sets. The rules are the ones the backends apply (and must keep
+applying, so that a plan read instead of recomputed changes nothing):
 
 - ``shm`` (``cluster=None``): with one actor the actor runs in the caller's process
   ("main"); with more, each actor is a process. The actor's own process steps share 0 of its
@@ -150,6 +150,9 @@ class ActorPlan:
     """The processes started for it: its own (if any), its env workers, its replicas."""
     ray: RayPlacement | None = None
     """On the ``ray`` backend: its bundle and node config; None elsewhere."""
+    overlap: bool = False
+    """True when the loop overlaps env stepping with inference (``ActorLoop``'s overlapped
+    loop): a policy on a device (not ``cpu``), env workers, and not lockstep."""
 
     @property
     def local_policy(self) -> bool:
@@ -298,9 +301,10 @@ def _actor_plan(config: Config, a: int, host: ProcessPlan, cores: tuple[int, ...
                                        device=dev, threads=threads))
         replicas = tuple(ReplicaPlan(p.replica, p.name, dev, threads) for p in workers if p.kind == "policy")
     own = (host,) if host.kind != "main" else ()
+    lockstep = config.policies_per_actor == 1 and config.policy_batch_size >= len(ids)
     return ActorPlan(a, ids, host.name, tuple(shares), replicas, config.policy_batch_size,
-                     lockstep=config.policies_per_actor == 1 and config.policy_batch_size >= len(ids),
-                     processes=own + tuple(workers))
+                     lockstep=lockstep, processes=own + tuple(workers),
+                     overlap=not lockstep and config.env_parallel_degree > 1 and dev != "cpu")
 
 
 def _host(kind: str, name: str, config: Config, a: int, threads: int | None,

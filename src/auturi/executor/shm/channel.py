@@ -7,7 +7,8 @@ outnumbered cores). Bulk data never crosses here: workers read and write the rol
 arrays in place; a slot carries only a command word and a list of ``(row, env)`` tasks.
 
 The module is over 400 lines because the waiter's failure detection (dead, stuck), the stack
-dump it reads and the semaphores it waits on are one protocol, read together.
+dump it reads, the semaphores it waits on and the two ways an actor keeps several lanes busy
+at once (:class:`RowGroup`, :class:`TaskQueues`) are one protocol, read together.
 
 Protocol for one task: the submitter writes ``tasks``/``ntask``/``cmd`` and releases the
 slot's start semaphore; the worker does the work, sets ``status``, bumps ``seq`` and
@@ -32,8 +33,9 @@ from auturi.executor.buffers import ArrayBlock
 
 # commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe;
 # THREADS: a kept replica sets ``arg`` torch threads; REPLAN: a kept actor reads its new
-# plan from its pipe and rebuilds its loop)
-TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS, REPLAN = 1, 2, 3, 4, 5, 6, 7, 8
+# plan from its pipe and rebuilds its loop; STEP_QUEUE: an env worker steps the tasks queued
+# in its slot, one post at a time (TaskQueues))
+TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS, REPLAN, STEP_QUEUE = 1, 2, 3, 4, 5, 6, 7, 8, 9
 # words of the control block's header (``hdr``)
 DATA_GEN = 0  # bumped when the rollout block changes (its name and NUM_STEPS are new)
 NUM_STEPS = 1  # rows of the current rollout block
@@ -101,7 +103,10 @@ def control_specs(num_slots: int, cap: int) -> list[tuple[str, tuple[int, ...], 
         ("pid", (W,), np.int64),
         ("dumpfd", (W,), np.int64),  # the fd faulthandler dumps the worker's stack to (DUMP_SIGNAL)
         ("timing", (W, 3), np.float64),  # cumulative env, policy, wait seconds
-        ("tasks", (W, max(cap, 1), 2), np.int64),
+        # (row, env, count) per task; count is read only from the first entry of a post queued
+        # by TaskQueues (its ring: a worker never has more than its envs queued, <= cap)
+        ("tasks", (W, max(cap, 1), 3), np.int64),
+        ("qpos", (W,), np.int64),  # where an env worker reads its next queued post (TaskQueues)
         ("err", (W, ERR_BYTES), np.uint8),
     ]
 
@@ -256,7 +261,9 @@ class Waiter:
         self._since = np.zeros(n)  # when it last changed
         self._checked = time.monotonic()
         self._group: tuple[Any, int] = (slice(0, 0), 0)  # the RowGroup being awaited: slots, rows posted
-        self._pending_fns = (self._pending_lanes, self._pending_group)
+        # the TaskQueues being awaited: its slots and the reports each owes when all it was given is done
+        self._owed: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._pending_fns = (self._pending_lanes, self._pending_group, self._pending_owed)
         self._status_words = memoryview(ctrl["status"])
 
     def expect(self, lane: RemoteLane) -> None:
@@ -278,6 +285,10 @@ class Waiter:
         sel, rows = self._group
         slots = np.arange(len(self._issued))[sel]
         return slots[self.ctrl["seq"][sel] < self._issued[sel] + rows]
+
+    def _pending_owed(self) -> np.ndarray:
+        slots, owed = self._owed
+        return slots[self.ctrl["seq"][slots] < owed]
 
     def _acquire(self, group: int = 0) -> None:
         if acquire(self.done_sem, self.spin, POLL_SECONDS):
@@ -359,6 +370,15 @@ class Waiter:
         failed = np.arange(len(self._issued))[sel][status == ERROR]
         slot = int(failed[0])
         raise_worker_error(self.ctrl, slot, self._lanes[slot].name, self.config)
+
+    def take_report(self, slots: np.ndarray, owed: np.ndarray) -> None:
+        """Take one report off the semaphore (a :class:`TaskQueues` waiting for any of its
+        lanes), blocking; while it blocks, the lanes ``slots`` whose ``seq`` is below ``owed``
+        are the ones checked for being stuck."""
+        self._owed = (slots, owed)
+        self._acquire(2)
+        if time.monotonic() - self._checked > POLL_SECONDS:  # waits that never time out check too
+            self._health(2)
 
     def settle_rows(self, sel: "slice | np.ndarray", rows: int) -> None:
         """Count ``rows`` rows a :class:`RowGroup` posted to lanes ``sel`` as finished commands."""
@@ -468,6 +488,124 @@ class RowGroup:
             lane.issued += self.rows
         self.waiter.settle_rows(self.sel, self.rows)
         self.rows = 0
+
+
+class TaskQueues:
+    """Remote lanes that an actor keeps busy without awaiting each one (the overlapped loop,
+    ``ActorPlan.overlap``): an env worker takes several tasks at once and steps them in the
+    order posted, reporting each as soon as it is done, so one batch of its envs steps while
+    another batch is in inference; a policy replica takes one task at a time, as always.
+
+    An env worker's queue is a ring in its slot's ``tasks`` rows: a post writes its
+    ``(row, env)`` entries at the actor's write position (its count in the first entry's third
+    word) and releases the worker's start semaphore once; the worker (``STEP_QUEUE``) reads at
+    ``qpos``, steps the post's envs, moves ``qpos`` on, bumps ``seq`` and posts the done
+    semaphore. An env is queued at most once at a time, so a worker never holds more entries
+    than it has envs: the ring (``cap`` >= every worker's envs) never overruns. ``qpos`` lives
+    in the control block, so the actor and a worker agree on it whatever either did before
+    (another loop, a reconfigure that kept the worker).
+
+    What a post or task returns is the ``seq`` its lane will show once it is done: the loop
+    compares those with :meth:`seq` (one vectorised gather) to see what finished, however many
+    lanes. Every lane reports on the actor's one done semaphore, used here as an event counter:
+    :meth:`wait` blocks for one more report and takes any others already posted, and
+    :meth:`settle` takes the rest once everything posted is done, leaving the semaphore as it
+    found it. A report seen in ``seq`` before its semaphore post was taken only makes a later
+    :meth:`wait` return at once; the loop then looks again."""
+
+    def __init__(self, env_lanes: list[RemoteLane], policy_lanes: list[RemoteLane], waiter: Waiter):
+        self.env_lanes, self.policy_lanes, self.waiter = env_lanes, policy_lanes, waiter
+        self.lanes = env_lanes + policy_lanes
+        self.ctrl = self.lanes[0].ctrl
+        self.slots = np.array([lane.slot for lane in self.lanes], dtype=np.int64)
+        self.num_env = len(env_lanes)
+        self.env_slots = self.slots[:self.num_env]
+        self.ring = self.ctrl["tasks"].shape[1]
+        self._posts = [lane.start_sem.release for lane in self.lanes]
+        self._seq, self._status, self._tasks = self.ctrl["seq"], self.ctrl["status"], self.ctrl["tasks"]
+        self.wpos = np.zeros(self.num_env, np.int64)
+        self.base = self.owed = np.zeros(len(self.lanes), np.int64)
+        self.taken = 0
+        self._take = waiter.done_sem.acquire
+        waiter.adopt(self.lanes)
+
+    def begin(self) -> None:
+        """Before a collect's first post (every lane idle): where each worker reads next, and
+        the reports so far."""
+        c = self.ctrl
+        self.wpos = c["qpos"][self.env_slots].copy()
+        self.base = self._seq[self.slots].copy()
+        self.owed = self.base.copy()
+        self.taken = 0
+        c["cmd"][self.env_slots] = STEP_QUEUE  # read by a worker only after its next post
+
+    def seq(self) -> np.ndarray:
+        """Each lane's reports so far (env lanes first, then policy lanes); raises the
+        :class:`WorkerError` of a lane that reported a failure."""
+        seq = self._seq[self.slots]
+        if self._status[self.slots].any():  # statuses are OK (0) until a failure is reported
+            j = int(np.flatnonzero(self._status[self.slots] == ERROR)[0])
+            raise_worker_error(self.ctrl, int(self.slots[j]), self.lanes[j].name, self.waiter.config)
+        return seq
+
+    def post(self, lanes: np.ndarray, ts: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Queue the steps of envs ``ids`` at rows ``ts`` on env lanes ``lanes`` (one per
+        env); each lane's worker steps them after what it was given before, reporting once
+        for them. Returns, per env, the ``seq`` of its lane once its step is done."""
+        R, tasks = self.ring, self._tasks
+        order = np.argsort(lanes, kind="stable")
+        lanes, ts, ids = lanes[order], ts[order], ids[order]
+        first = np.flatnonzero(np.r_[True, lanes[1:] != lanes[:-1]])
+        counts = np.diff(np.r_[first, len(lanes)])
+        used = lanes[first]
+        rank = np.arange(len(lanes)) - np.repeat(first, counts)
+        slots = self.env_slots[lanes]
+        at = (self.wpos[lanes] + rank) % R
+        tasks[slots, at, 0] = ts
+        tasks[slots, at, 1] = ids
+        tasks[self.env_slots[used], self.wpos[used], 2] = counts
+        self.wpos[used] = (self.wpos[used] + counts) % R
+        self.owed[used] += 1
+        need = np.empty(len(order), np.int64)
+        need[order] = self.owed[lanes]
+        posts = self._posts
+        for k in used.tolist():
+            posts[k]()
+        return need
+
+    def submit(self, k: int, ts: np.ndarray, ids: np.ndarray) -> int:
+        """Hand policy lane ``k`` (idle) the rows ``ts`` of envs ``ids`` to act for; returns
+        the ``seq`` of that lane once it is done."""
+        j = self.num_env + k
+        s, n, c = int(self.slots[j]), len(ids), self.ctrl
+        self._tasks[s, :n, 0] = ts
+        self._tasks[s, :n, 1] = ids
+        c["ntask"][s] = n
+        c["cmd"][s] = TASK
+        self.owed[j] += 1
+        self._posts[j]()
+        return int(self.owed[j])
+
+    def wait(self) -> None:
+        """Block until one more report is posted (it may be posted already), and take those
+        posted meanwhile too: one look at ``seq`` then covers them all."""
+        self.waiter.take_report(self.slots, self.owed)
+        self.taken += 1
+        take = self._take
+        while take(False):
+            self.taken += 1
+
+    def settle(self) -> None:
+        """After the collect, with every post reported: take the reports' semaphore posts
+        not taken yet, and count the reports as commands each lane finished."""
+        reports = self.owed - self.base
+        for _ in range(int(reports.sum()) - self.taken):
+            self.waiter.take_report(self.slots, self.owed)
+        for lane, r in zip(self.lanes, reports.tolist()):
+            lane.issued += r
+        self.waiter.adopt(self.lanes)
+        self.base = self.owed.copy()
+        self.taken = 0
 
 
 def parent_watch(ctrl: ArrayBlock | None = None) -> Callable[[], None]:

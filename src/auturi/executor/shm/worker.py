@@ -27,8 +27,8 @@ from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
 from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, REPLAN, RESET,
-                                         STEP_ROW, THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup, Waiter, acquire,
-                                         parent_watch, read_name, write_error)
+                                         STEP_QUEUE, STEP_ROW, THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup,
+                                         TaskQueues, Waiter, acquire, parent_watch, read_name, write_error)
 from auturi.executor.shm.processes import exit_with_owner, sigterm_exits
 from auturi.executor.spec import WorkloadSpec
 
@@ -121,6 +121,7 @@ class ActorHost:
             pol_lanes = [LocalPolicyLane(self.local_policy, f"policy of actor {actor}")]
         self.remote_env_lanes = [lane for lane in env_lanes if lane.remote]
         self._lanes, self._beat = (env_lanes, pol_lanes), beat
+        self._queues: TaskQueues | None = None  # made once, when a plan first overlaps
         self.loop = self._loop(plan)
         self.fresh = True
         # this actor's control-block slot when it runs in a process of its own (whoever waits
@@ -129,11 +130,29 @@ class ActorHost:
 
     def _loop(self, plan: ActorPlan) -> ActorLoop:
         return ActorLoop(plan.env_ids, *self._lanes, plan.batch_size, self.waiter,
-                         lambda remotes: RowGroup(remotes, self.waiter), self._beat, lockstep=plan.lockstep)
+                         lambda remotes: RowGroup(remotes, self.waiter), self._beat, lockstep=plan.lockstep,
+                         overlap=plan.overlap, task_queues=self._task_queues)
+
+    def _task_queues(self, env_lanes: list, policy_lanes: list) -> TaskQueues:
+        if self._queues is None:
+            self._queues = TaskQueues(env_lanes, policy_lanes, self.waiter)
+        return self._queues
 
     def replan(self, plan: ActorPlan, config: Config | None = None) -> None:
         """Run ``plan`` from now on: the same envs, policy and workers (lanes), another loop
-        (a new batch size, and with it maybe lockstep)."""
+        (a new batch size, and with it maybe lockstep or overlap).
+
+        Every lane is idle here, but a kept replica may have run a command of the caller's
+        meanwhile (THREADS, on a batch change), which this actor's count of its commands
+        does not know: each count is read again from ``seq``. A count one short made the
+        general loop take every later task of that replica as done as soon as it was handed
+        out, and read actions before they were written (2 of 3 runs of 2 actors x 4 envs,
+        degree 2, 2 replicas, batch 2 -> 1 collected other data than serial)."""
+        seq = self.ctrl["seq"]
+        remotes = [lane for lanes in self._lanes for lane in lanes if lane.remote]
+        for lane in remotes:
+            lane.issued = max(1, int(seq[lane.slot]))
+        self.waiter.adopt(remotes)
         wait, self.loop = self.loop.wait_seconds, self._loop(plan)
         self.loop.wait_seconds = wait  # the caller's timings count on
         self.waiter.config = config
@@ -302,9 +321,12 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
             obj = PolicyRunner(policy())
             _set_torch_threads(info["threads"])
         else:
+            # the factories first: unpickling them sets up this process for their envs (id
+            # providers imported, warnings the owner showed silenced) before moved envs arrive
+            fns = env_fns()
             live = {i: cloudpickle.loads(b) for i, b in info["live"].items() if b}  # envs moved here mid-episode
-            envs = make_env_runner(info["env_ids"], env_fns(), info["seed"], info["generation"], info["id_offset"],
-                                   live)
+            envs = make_env_runner(info["env_ids"], fns, info["seed"], info["generation"], info["id_offset"],
+                                   live, check_finite=info.get("check_finite", False))
             report_progress(envs, ctrl, slot)
             if kind == "env":
                 obj = envs
@@ -347,6 +369,10 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
         cmd = int(cmd_arr[slot])
         if cmd == STEP_ROW and kind == "env":
             _serve_rows(slot, obj, ctrl, data, start_sem, done_sem, check_parent, spin, step_row, lo, hi)
+            taken = True
+            continue
+        if cmd == STEP_QUEUE and kind == "env":
+            _serve_queue(slot, obj, ctrl, data, start_sem, done_sem, check_parent, spin)
             taken = True
             continue
         if cmd == EXIT:
@@ -446,6 +472,55 @@ def _serve_rows(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_
             check_parent()
             _wait_command(start_sem, spin, check_parent)
         if cmd_arr[slot] != STEP_ROW:
+            return
+
+
+def _serve_queue(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start_sem: Any, done_sem: Any,
+                 check_parent: Any, spin: float) -> None:
+    """An env worker in the overlapped loop (``channel.TaskQueues``): step the post queued at
+    ``qpos`` (its envs at their rows, which may differ), move ``qpos`` past it, report, wait,
+    for as long as the commands are STEP_QUEUE; returns having taken the first other command
+    from ``start_sem``. Posts queued while it stepped are waiting already: it goes from one to
+    the next with no round trip to the actor. Kept as lean as :func:`_serve_rows`."""
+    cmd_arr, seq, status, nfinal, hdr, qpos = (memoryview(ctrl[k]) for k in ("cmd", "seq", "status", "nfinal", "hdr",
+                                                                           "qpos"))
+    timing = memoryview(ctrl["timing"]).cast("B").cast("d")
+    env_time = slot * ctrl["timing"].shape[1]
+    rows = ctrl["tasks"][slot]  # (ring, 3): row, env, count (in a post's first entry)
+    words = memoryview(rows).cast("B").cast("q")  # the same, as plain words
+    ring = rows.shape[0]
+    status[slot] = OK  # a failure reports ERROR; a success leaves this as it is
+    gen_word = DATA_GEN
+    step_one = obj.step_one if isinstance(obj, EnvRunner) else None
+    while True:
+        try:
+            if hdr[gen_word] != data.gen:  # a new rollout block (num_steps changed)
+                data.sync(obj)
+            p = qpos[slot]
+            n = words[3 * p + 2]
+            if n == 1 and step_one is not None:
+                if step_one(words[3 * p], words[3 * p + 1]):  # the episode ended: one more final
+                    nfinal[slot] = len(obj.finals)
+            else:
+                at = (p + np.arange(n)) % ring
+                before = len(obj.finals)
+                obj.step(rows[at, 0], rows[at, 1])
+                if len(obj.finals) != before:
+                    nfinal[slot] = len(obj.finals)
+            qpos[slot] = (p + n) % ring
+            timing[env_time] = obj.env_seconds
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            write_error(ctrl, slot, exc)
+        seq[slot] += 1
+        done_sem.release()
+        if status[slot] != OK:
+            return _wait_command(start_sem, spin, check_parent)
+        if not acquire(start_sem, spin, 1.0):  # nothing queued for a second: between collects
+            check_parent()
+            _wait_command(start_sem, spin, check_parent)
+        if cmd_arr[slot] != STEP_QUEUE:
             return
 
 
