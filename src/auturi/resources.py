@@ -35,11 +35,21 @@ def usable_cores() -> int:
     return len(usable_cores_set())
 
 
+_emulated_cuda: int | None = None
+"""While set, the CUDA devices :func:`cuda_device_count` answers instead of torch's: set only by
+:func:`auturi.testing.emulated_gpu.emulated_gpu` (tests and benches), never by a user path.
+One global read at call time, so every module that counts devices (the executor's check, the
+tuner's space, the SB3 face) sees the emulation, whatever name it imported the function by."""
+
+
 def cuda_device_count() -> int:
-    """CUDA devices torch sees; 0 without torch or without a usable GPU.
+    """CUDA devices torch sees; 0 without torch or without a usable GPU (the emulated count
+    while :data:`_emulated_cuda` is set).
 
     torch is imported here, only when asked: building a plan or a space for a CPU-only
     workload must not import it, and env workers never call this."""
+    if _emulated_cuda is not None:
+        return _emulated_cuda
     try:
         import torch
     except ImportError:

@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -195,25 +194,18 @@ class EmulatedDevicePolicy:
 
 # --------------------------------------------------------------------------- the device count
 # auturi.resources.cuda_device_count is the one reading of "how many CUDA devices" (check_device
-# calls it; the tuner's space holds an alias of it). While emulated_gpu() runs, it and every
-# alias of it in a loaded auturi module are replaced; the tuner's cache fingerprint, when it
+# calls it; the tuner's space holds an alias of it). It answers resources._emulated_cuda while
+# that is set: emulated_gpu() sets it (no module's binding is patched, so an alias imported
+# under any name, before or during the block, sees it); the tuner's cache fingerprint, when it
 # reads GPU names through cache._torch_info, lists the emulated ones.
-_COUNT = ("auturi.resources", "cuda_device_count")
+_RESOURCES = "auturi.resources"
 _INFO = ("auturi.tuner.cache", "_torch_info")
-_CONSUMERS = ("auturi.executor", "auturi.tuner")  # imported first, so none binds the fake for good
 _active: list[int] = []
 
 
 def emulated_gpu_count() -> int:
     """The emulated CUDA devices this process counts now (0 outside :func:`emulated_gpu`)."""
     return _active[-1] if _active else 0
-
-
-def _bindings(value: Any) -> list[tuple[Any, str]]:
-    """Every ``(module, name)`` of a loaded auturi module bound to ``value``."""
-    return [(m, k) for name, m in list(sys.modules.items())
-            if (name == "auturi" or name.startswith("auturi.")) and m is not None
-            for k, v in list(vars(m).items()) if v is value]
 
 
 @contextlib.contextmanager
@@ -232,38 +224,29 @@ def emulated_gpu(count: int = 1) -> Iterator[None]:
     """
     if count < 1:
         raise ValueError(f"emulated_gpu needs count >= 1, not {count}")
-    for name in _CONSUMERS:
-        importlib.import_module(name)
-    resources = importlib.import_module(_COUNT[0])
-    real_count = getattr(resources, _COUNT[1], None)
-    if real_count is None:
-        raise AuturiError(f"emulated_gpu: {_COUNT[0]}.{_COUNT[1]} no longer exists; update "
+    resources = importlib.import_module(_RESOURCES)
+    if not hasattr(resources, "_emulated_cuda"):
+        raise AuturiError(f"emulated_gpu: {_RESOURCES}._emulated_cuda no longer exists; update "
                           f"auturi.testing.emulated_gpu to where the CUDA count is read now")
     cache = importlib.import_module(_INFO[0])
     real_info = getattr(cache, _INFO[1], None)
-
-    def fake_count() -> int:
-        return count
 
     def fake_info() -> tuple[str | None, list[str]]:
         version, gpus = real_info()
         return version, list(gpus) + [EMULATED_GPU_NAME] * count
 
-    saved = _bindings(real_count)
+    before = resources._emulated_cuda
+    resources._emulated_cuda = count
     if real_info is not None:
-        saved += [(cache, _INFO[1])]
-    originals = [getattr(m, k) for m, k in saved]
-    for m, k in saved:
-        setattr(m, k, fake_info if (m, k) == (cache, _INFO[1]) else fake_count)
+        setattr(cache, _INFO[1], fake_info)
     _active.append(count)
     try:
         yield
     finally:
         _active.pop()
-        for (m, k), value in zip(saved, originals):
-            setattr(m, k, value)
-        for m, k in _bindings(fake_count) + _bindings(fake_info):  # a module imported meanwhile
-            setattr(m, k, real_info if k == _INFO[1] else real_count)
+        resources._emulated_cuda = before
+        if real_info is not None:
+            setattr(cache, _INFO[1], real_info)
 
 
 # --------------------------------------------------------------------------- the whole box

@@ -10,7 +10,10 @@ executor it uses only the contract (:class:`~auturi.executor.contract.ExecutorLi
 
 What a run pays for the search is kept small: a cached choice runs from the first collect
 and is only confirmed (unless a shorter run cached it: :func:`payback.cached_search_open`);
-else the start layout's first collects are the model's profile and only configs the model
+else the start layout's first collects are the model's profile (the first collect already
+starts the env workers' server where the envs took most of it and the machine has room for
+them; the start ends at one sample where the profile predicts a layout ``decisive_gain`` times
+faster: a 16-core GPU box's first move comes at the third collect) and only configs the model
 cannot tell from the best measured are tried, each only where it pays back before the
 training ends (:mod:`~auturi.tuner.payback`); a move's servers start only when its trial is
 due, the training collecting unmeasured meanwhile; a clearly slower trial stops after one
@@ -43,6 +46,19 @@ from auturi.tuner.rollout_profile import profile_from_rollouts, profiles_in_proc
 from auturi.tuner.session import _Session
 from auturi.tuner.space import SearchSpace
 from auturi.tuner.strategies import Strategy
+
+EARLY_CORES = 12
+"""Cores from which env workers are assumed to fit beside the caller whatever the env's CPU
+share, and their server starts before the first collect (:meth:`OnlineTuner._first_look`,
+``_warm_at_begin``): the GPU record's 16-core box ran 16 env workers and the caller's CUDA
+loop at 1.2x SB3's SubprocVecEnv. Machines of fewer cores keep the earlier rule (a server
+starts when a trial needs it); nothing was measured between 2 and 16 cores."""
+
+IDLE_CPU_SHARE = 0.3
+"""A first collect that used at most this share of a core of the caller (CPU time over wall
+time) mostly waited: on the envs' simulator or the policy's GPU (the emulated GPU box: 17-20%).
+A CPU-bound env on a loaded 2-core machine read 0.5-0.8 (the wall time stretches while other
+processes hold the cores), hence the margin."""
 
 SEARCH_SOURCES = ("online", "research")
 """Trial sources that are the search's own moves; the start, serial and cached configs are
@@ -129,6 +145,8 @@ class OnlineTuner(_Session):
         self._last_left: int | None = None  # remaining_collects of the previous collect (see _horizon_check)
         self._unmeasured_seconds = 0.0  # wall seconds of the collects not to measure so far
         self._ahead_tried = False  # _warm_ahead ran (once per tuner)
+        self._first_shares: tuple[float, float] | None = None  # (env, CPU) share of the first collect
+        self._room = False  # the first collect said env workers have room here (_first_look)
         # -- the drop monitor's
         self._drops = 0
         self._fresh = False  # the collect after a lock-in reconfigure is not monitored
@@ -175,14 +193,19 @@ class OnlineTuner(_Session):
         self._horizon_check(remaining_collects)
         self._num_steps = num_steps
         config = self.executor.config
+        first = self.collects == 0
+        cpu0 = time.process_time()
         c0 = self.clock()
         rollout = self.executor.collect(num_steps)
         seconds = self.clock() - c0
+        cpu_seconds = time.process_time() - cpu0
         self._last_seconds = seconds
         steps = num_steps * self.executor.num_envs
         sps = throughput_of(rollout, seconds, steps)
         self._log_collect(config, seconds, steps)
-        if self.executor.warming:
+        if first:  # before this collect feeds the start trial: whether it may end at one sample
+            self._first_look(config, getattr(rollout, "stats", None), seconds, cpu_seconds)
+        if self.executor.warming and not self._early_sample(config):
             # What prepare() started (worker servers' imports) runs on these cores: this
             # collect's data is the learner's as always, its time is not the layout's.
             self.warming_collects += 1
@@ -192,7 +215,8 @@ class OnlineTuner(_Session):
                 self._advance()
         elif self.phase in ("explore", "research", "confirm"):
             rec = self._rec
-            if rec is not None and rec.warmup_left == 0 and profiles_in_process(config):
+            if (rec is not None and (rec.warmup_left == 0 or self._warmup_collects() == 0)
+                    and profiles_in_process(config)):  # measured: past its warm-up, or long enough to be its own
                 self._profile_stats.append(getattr(rollout, "stats", None))
             best = self.best()
             if self.phase != "confirm" and best is not None and best.estimate:
@@ -206,6 +230,9 @@ class OnlineTuner(_Session):
         elif self.phase == "paused" and not self._over_share():
             self._set_phase(self._paused_from or "explore")
             self._advance()
+        if first and self._room and self.moves.warm_ahead():  # after: it must not make this a warming collect
+            self._emit("phase", None, None, "the envs took most of the first collect and the machine has room for "
+                                            "env workers: starting their server now")
         if remaining_collects == 0 and not self._saved and self.best() is not None:
             self._save()  # training ends before a lock-in: the next run starts from the best so far
         return rollout
@@ -273,6 +300,8 @@ class OnlineTuner(_Session):
     # -- the start
     def _begin(self, num_steps: int) -> None:
         self._setup(self.executor, num_steps)
+        assert self.space is not None
+        self.moves.cores = self.space.cores  # process starts share them (payback.start_prior)
         self._num_steps = num_steps
         if self.cached:
             self._set_phase("confirm")
@@ -280,13 +309,29 @@ class OnlineTuner(_Session):
                 return  # runs from the first collect; the search waits for its verdict
         self._queue_baselines()
         self._set_phase("explore")
+        self._warm_at_begin()
         self._advance()
 
+    def _warm_at_begin(self) -> None:
+        """On ``EARLY_CORES`` cores or more, start the env workers' server before the first
+        collect (the SB3 face begins at wrap time): one core of many for a fraction of a
+        second, and the first collect then tells whether env workers are the move
+        (:meth:`_first_look`) with their server ready, so the move comes right after it."""
+        assert self.space is not None
+        if (self.settings.early_env_share is not None and self.space.cores >= EARLY_CORES
+                and profiles_in_process(self.start_config) and self.moves.warm_ahead()):
+            self._emit("phase", None, None, f"{self.space.cores} cores: starting the env workers' server before the "
+                                            f"first collect")
+
     def _queue_baselines(self) -> None:
-        """The start config, then serial when it is another one (it usually is the start)."""
+        """The start config, then serial when it is another one (it usually is the start).
+        Serial runs the policy on the start's device: a model on CUDA acted on CUDA in its own
+        loop, and an emulated-GPU Pong run spent 5 of its 12 collects measuring serial on the
+        CPU after a serial CUDA start, a layout nothing would choose."""
         n = self.executor.num_envs
         tried = {t.config for t in self.history}
-        for c, src in ((self.start_config, "start"), (Config.serial(n), "serial")):
+        serial = Config.serial(n, self.start_config.policy_device)
+        for c, src in ((self.start_config, "start"), (serial, "serial")):
             if c not in tried and all(c != q for q, _ in self._queue):
                 self._queue.append((c, src))
 
@@ -350,6 +395,89 @@ class OnlineTuner(_Session):
         self._set_phase("explore")
         self._advance()
 
+    # -- what the first collects tell for free (a many-core or GPU machine's first moves)
+    def _first_look(self, config: Config, stats: Any, seconds: float, cpu_seconds: float) -> None:
+        """At the run's first collect: whether env stepping took ``early_env_share`` of it or
+        more and the machine has room for env workers beside it (``EARLY_CORES`` cores or more,
+        or the collect used at most ``IDLE_CPU_SHARE`` of a core of this process: the envs wait
+        on a simulator, the policy on a GPU): then (``self._room``) the start may end at one sample
+        (:meth:`_decisive`) and, after this collect, the env workers' server starts
+        (:meth:`Moves.warm_ahead`; at :meth:`_begin` already on ``EARLY_CORES`` cores), so
+        the first trial of env workers, once the profile calls for one, need not wait for it.
+        A cheap env on 2 cores (the envs' CPU, all of one core) starts nothing: there the server's
+        imports cost 3-5% of a short run for a move that rarely pays."""
+        share = self.settings.early_env_share
+        cores = self.space.cores if self.space is not None else 1
+        if share is None or self.phase != "explore" or self.cached:
+            return
+        if not profiles_in_process(config):  # a SubprocVecEnv user's start on a GPU box: its workers run
+            self._room = cores >= EARLY_CORES and config.policy_device != "cpu"
+            return
+        if stats is None or not seconds > 0 or not getattr(stats, "steps", 0):
+            return
+        env_share = float(getattr(stats, "env_seconds", 0.0)) / seconds
+        cpu_share = cpu_seconds / seconds
+        self._first_shares = (env_share, cpu_share)
+        self._room = env_share >= share and (cores >= EARLY_CORES or cpu_share <= IDLE_CPU_SHARE)
+
+    def _serial_needless(self) -> bool:
+        """Whether the serial baseline after a start that runs envs or inference elsewhere (a
+        SubprocVecEnv user's) is not worth a collect: on a GPU machine with room for env
+        workers (``EARLY_CORES``, a CUDA policy: :meth:`_first_look`), once the start measured.
+        Serial is there for the model's profile (which :func:`~auturi.tuner.profile.profile_executor`
+        times in this process in ~0.3 s instead) and as a fallback nothing on such a machine
+        falls back to; measured, it cost an
+        emulated 16-core Pong run a 2 s serial collect and 1.5-2.7 s restarting 31 env workers
+        after it. On fewer cores serial is measured as before (cheap envs there run fastest
+        serial)."""
+        return (self._room and not profiles_in_process(self.start_config)
+                and any(t.ok and t.config == self.start_config for t in self.history))
+
+    def _early_sample(self, config: Config) -> bool:
+        """Whether a collect timed while the env workers' server starts (:meth:`_first_look`)
+        is still the start trial's first sample: only while the start has none yet and may end
+        at one (:meth:`_decisive`). The server's imports read the start slow (40% on 2 cores,
+        little on 16), well inside the 2x that decides; unmeasured, the start waited for the
+        server as long as its imports took, and the first move with it."""
+        rec = self._rec
+        return (self.settings.decisive_gain is not None and self._room and self.phase == "explore"
+                and rec is not None and rec.trial.source == "start" and not rec.trial.samples
+                and (rec.warmup_left == 0 or self._warmup_collects() == 0)
+                and self._deferred is None and profiles_in_process(config)
+                and getattr(self.strategy, "predictions", None) is not None)
+
+    def _decisive(self, trial: Trial) -> bool:
+        """Whether the start trial may end at its first measured sample: the first collect
+        found room for env workers (:meth:`_first_look`) and the model, profiled from that
+        collect (the profile is due then anyway), predicts a layout ``decisive_gain`` times
+        faster or more. Not elsewhere: on 2 cores the model promised a cheap env's 8 envs 2x
+        over serial, which no layout delivered. Two more samples of a layout that slow cost the
+        GPU record's 32k-step Pong run (8 collects of ~1.3 s serial) a quarter of its training
+        before the first move; the start stays measured (one sample) and is the fallback."""
+        g = self.settings.decisive_gain
+        preds = getattr(self.strategy, "predictions", None)
+        if (g is None or not self._room or trial.source != "start" or self.phase != "explore" or not trial.samples
+                or preds is None or not self.settings.profile_from_rollouts
+                or not any(x is not None for x in self._profile_stats)):
+            return False
+        try:
+            self._prepare_strategy(self.executor, self._num_steps)
+        except Exception as e:  # the profile failing is no reason to stop: the trial goes on, as before
+            self._emit("phase", trial, None, f"no early profile ({type(e).__name__}: {e}); measuring the start fully")
+            return False
+        finally:
+            self.phase = "explore"  # profiling was a moment of this phase, as in _next
+        table = preds()
+        if not table:
+            return False
+        top, pred = max(table.items(), key=lambda kv: kv[1])
+        here = max(trial.samples)
+        if not (pred >= g * here):
+            return False
+        self._emit("phase", trial, here, f"the profile predicts {top} at {_fmt(pred)} steps/s, {pred / here:.1f}x "
+                                         f"the start's {_fmt(here)}: moving on after one sample")
+        return True
+
     # -- the model's profile
     def _prepare_strategy(self, executor: Any, num_steps: int) -> None:
         """Give the model strategy the profile the start layout's collects measured, when
@@ -360,7 +488,8 @@ class OnlineTuner(_Session):
         stats = [s for s in self._profile_stats if s is not None]
         if self.settings.profile_from_rollouts and getattr(strat, "profile", False) is None and stats:
             assert self.space is not None
-            cfg = next(t.config for t in self.history if t.ok and profiles_in_process(t.config))
+            cfg = next(t.config for t in [*self.history, *([self.current] if self.current else [])]
+                       if t.samples and profiles_in_process(t.config))
             strat.profile = profile_from_rollouts(  # type: ignore[attr-defined]
                 executor, stats, cfg, num_steps, batch_sizes=self.space.values("policy_batch_size"),
                 devices=self.space.values("policy_device"), cores=self.space.cores)
@@ -373,9 +502,21 @@ class OnlineTuner(_Session):
         close = getattr(self.strategy, "propose_close", None)
         if close is None:
             return super()._next_proposal()
-        if self.remaining_collects is None:
-            return close(self.history)
-        return close(self.history, key=self._net_payback)  # cheap-to-start configs win close calls
+        dev = self.start_config.policy_device
+        if dev == "cpu":
+            if self.remaining_collects is None:
+                return close(self.history)
+            return close(self.history, key=self._net_payback)  # cheap-to-start configs win close calls
+        # A model on CUDA: its own loop acted there, so configs acting there come first; CPU
+        # inference only once none of those is left close. On the emulated GPU box the model
+        # ranked 32 CPU actors first (its CPU timings free of the env workers' load), and a
+        # 98k-step Pong run locked in CPU replicas at 0.4x SubprocVecEnv.
+        known = self.remaining_collects is not None
+
+        def key(c: Config, pred: float) -> float:
+            value = self._net_payback(c, pred) if known else pred
+            return value if c.policy_device == dev else value - 1e12
+        return close(self.history, key=key)
 
     # -- the search, trial by trial
     def _over_share(self) -> bool:
@@ -495,6 +636,9 @@ class OnlineTuner(_Session):
         if not done and self._clearly_slower(rec.trial):
             rec.finish("slower")
             done = True
+        if not done and not was_warmup and self._decisive(rec.trial):
+            rec.finish("decisive")
+            done = True
         if not done:
             return
         t = rec.trial
@@ -513,6 +657,10 @@ class OnlineTuner(_Session):
     def _next(self) -> tuple[Config, str] | None:
         while self._queue:
             c, source = self._queue.pop(0)
+            if source == "serial" and self._serial_needless():
+                self._emit("phase", None, None, f"not measuring serial after {self.start_config} on {self.space.cores} "
+                                                f"cores: the model profiles the executor in this process instead")
+                continue
             # A re-search's neighbours must pay back too (the locked config's re-measure is free);
             # with a known horizon, a neighbour nothing predicts (a confirmed cached choice: no
             # model was prepared) is not tried.

@@ -87,6 +87,16 @@ class OnlineSettings:
     """Once collects the caller said not to measure (an off-policy warm-up) have lasted this
     long, the env workers' server starts during them (None: never ahead): its imports then
     overlap collects nobody times instead of delaying the first trial of env workers."""
+    early_env_share: float | None = 0.5
+    """After the first collect, when the envs took at least this share of it and the machine
+    has room for env workers (8+ cores, or the collect used at most half a core of the caller:
+    a simulator's envs, a GPU policy), the env workers' server starts at once, so their first
+    trial does not wait for it (None: never this early; see ``OnlineTuner._first_look``)."""
+    decisive_gain: float | None = 2.0
+    """The start trial ends at its first measured sample when the model, profiled from it,
+    predicts a layout this many times faster (None: the start is always measured fully). A
+    gap this wide is far beyond the model's usual error (within 1.5x on the 2-core benches)
+    and a few samples' noise; on a 16-core GPU box serial ran at a fifth of the best."""
     # -- the lock-in and after
     lock_margin: float = 0.03
     """The lock-in stays on the start layout unless another measured at least this fraction
@@ -133,6 +143,8 @@ class OnlineSettings:
             _check(self, name, ok, rule)
         _optional(self, "self_warming_seconds", lambda v: _num(v) and v > 0, "a number of seconds > 0 or None")
         _optional(self, "warm_ahead_seconds", lambda v: _num(v) and v >= 0, "a number of seconds >= 0 or None")
+        _optional(self, "early_env_share", lambda v: _num(v) and 0 < v <= 1, "in (0, 1] or None")
+        _optional(self, "decisive_gain", lambda v: _num(v) and v > 1, "a number > 1 or None")
         try:  # the protocol's own rules (rel_half_width, min/max_samples, warmup_collects)
             self.protocol()
         except ValueError as e:

@@ -5,9 +5,10 @@ A move's **benefit** is the seconds it saves: each collect left after the trial'
 (its measured collects run at the new layout too) faster by the gain the model predicts over
 the best measured config, times the share of their promise this run's trials delivered
 (:func:`discount`; one half before any). Its **cost**: reconfiguring there and back, each
-priced by the processes it starts at what a started process cost in this run
-(:func:`reconfigure_estimate`), a worker server's start where its processes need one, and the
-trial's warm-up and first sample at half speed; once search trials ran, at least what they
+priced by the processes it starts at what a started process cost in this run, and by the CUDA
+contexts they make at what one cost in this run (:func:`reconfigure_estimate`; before any, the
+priors, a process's start shared out over the machine's cores), a worker server's start where
+its processes need one, and the trial's warm-up and first sample at half speed; once search trials ran, at least what they
 cost on average. A gain below ``min_gain`` weighs nothing. :class:`~auturi.tuner.OnlineTuner`
 gathers the inputs (its trials, the executor's ``move_cost``) and records what it declines;
 :func:`declined_now_paying` re-reads such a record for a longer run.
@@ -36,6 +37,17 @@ SERVER_START_PRIOR = 1.0
 """Seconds of training a worker forkserver's start costs (its imports, torch's above all,
 share the cores with the training for a few seconds), charged to a trial whose processes
 fork from a server not started yet."""
+CUDA_START_PRIOR = 3.0
+"""Seconds one process that initialises a CUDA device (a CUDA replica's or actor's process,
+or the caller's policy moving to a GPU) adds to a reconfigure before this run measured one:
+CUDA's context start. The GPU record of 2026-11-26 (one H200, 16 cores) has no direct timing;
+its first CUDA trial's reconfigure took 3.52 s for two CUDA processes plus 30 env workers that
+later took 0.64-1.0 s alone: 1.3-1.5 s per context, 2.5-3 s where one starts alone. Priced
+without it, a move to eight CUDA actors looked as cheap as one to eight env workers."""
+PRIOR_CORES = 2
+"""Cores of the machine ``PROCESS_START_PRIOR`` was measured on: processes started together
+share the cores, so on ``c`` cores ``k`` of them take about ``k * 2 / c`` times the prior (the
+GPU record's 30 env workers on 16 cores: 0.64-1.0 s, where ``k`` times the prior said 4.5 s)."""
 RECONFIGURE_BASE = 0.03
 """Seconds a reconfigure costs besides starting processes (new control block, moving envs)."""
 DISCOUNT_PRIOR = 0.5
@@ -44,27 +56,60 @@ worth one trial (the model's optimistic bound would make a short run pay for tri
 long one can afford)."""
 
 
-def reconfigure_estimate(reconfigures: Sequence[Mapping[str, Any]], started: int) -> float:
-    """Seconds a reconfigure that starts ``started`` processes should take, from this run's
-    ``reconfigures`` (the tuner's log: ``{"seconds", "executor": last_reconfigure, "cold"}``):
-    ``RECONFIGURE_BASE`` plus ``started`` times the median seconds per started process (a
-    reconfigure that also started its processes' server, ``cold``, left out: it paid 1-2 s of
-    imports no later one pays), ``PROCESS_START_PRIOR`` before any; for an executor that does
-    not report what it started, the median of its reconfigures.
+def reconfigure_estimate(reconfigures: Sequence[Mapping[str, Any]], started: int, devices: int = 0,
+                         cores: int | None = None) -> float:
+    """Seconds a reconfigure that starts ``started`` processes, ``devices`` of them initialising
+    a CUDA device, should take, from this run's ``reconfigures`` (the tuner's log: ``{"seconds",
+    "executor": last_reconfigure, "cold", "devices"}``):
+
+    - ``RECONFIGURE_BASE``, plus ``started - devices`` times the median seconds per started
+      process of the reconfigures that initialised no device (one that also started its
+      processes' server, ``cold``, left out: it paid 1-2 s of imports no later one pays); before
+      any, :func:`start_prior` (``PROCESS_START_PRIOR``, scaled by the processes per core);
+    - plus ``devices`` times the median seconds per device of those that did (their time beyond
+      what their other processes cost, by the rate above), ``CUDA_START_PRIOR`` before any.
+
+    For an executor that does not report what it started, the median of its reconfigures.
 
     >>> reconfigure_estimate([{"seconds": 0.43, "executor": {"started": 2}}], started=4)
     0.89
     >>> reconfigure_estimate([{"seconds": 2.0, "executor": {"started": 2}, "cold": True}], 4) == 0.03 + 4 * 0.15
     True
+    >>> reconfigure_estimate([], started=31, cores=16) == 0.03 + 0.15 * 31 * 2 / 16
+    True
+    >>> round(reconfigure_estimate([{"seconds": 1.23, "executor": {"started": 1}, "devices": 1}], 2, devices=2), 2)
+    2.43
     """
-    per = [r["seconds"] / r["executor"]["started"] for r in reconfigures
-           if r.get("executor", {}).get("started") and not r.get("cold")]
-    if per:
-        return RECONFIGURE_BASE + started * statistics.median(per)
-    whole = [r["seconds"] for r in reconfigures if "executor" not in r]  # one that does not say what it started
-    if whole:
-        return statistics.median(whole)
-    return RECONFIGURE_BASE + started * PROCESS_START_PRIOR
+    warm = [r for r in reconfigures if r.get("executor", {}).get("started") and not r.get("cold")]
+    plain = [r["seconds"] / r["executor"]["started"] for r in warm if not r.get("devices")]
+    if not warm:
+        whole = [r["seconds"] for r in reconfigures if "executor" not in r]  # one that does not say what it started
+        if whole:
+            return statistics.median(whole)
+    per = statistics.median(plain) if plain else None
+    others = max(0, started - devices)
+    cost = RECONFIGURE_BASE + (others * per if per is not None else start_prior(others, cores))
+    if devices:
+        dev = [(r["seconds"] - RECONFIGURE_BASE
+                - (r["executor"]["started"] - r["devices"]) * (per if per is not None else PROCESS_START_PRIOR))
+               / r["devices"] for r in warm if r.get("devices")]
+        cost += devices * (max(0.0, statistics.median(dev)) if dev else CUDA_START_PRIOR)
+    return cost
+
+
+def start_prior(started: int, cores: int | None = None) -> float:
+    """Seconds ``started`` processes started together are assumed to take before this run
+    measured one: ``PROCESS_START_PRIOR`` each on ``PRIOR_CORES`` cores, sharing ``cores``
+    (None: as on the prior's machine), never less than one process's start.
+
+    >>> start_prior(4), start_prior(4, cores=16), start_prior(32, cores=16)
+    (0.6, 0.15, 0.6)
+    """
+    if started <= 0:
+        return 0.0
+    if cores is None or cores <= PRIOR_CORES:
+        return started * PROCESS_START_PRIOR
+    return PROCESS_START_PRIOR * max(1.0, started * PRIOR_CORES / cores)
 
 
 def discount(realized: Sequence[float]) -> float:

@@ -24,7 +24,7 @@ def _excluded_save_params(self: Any) -> list[str]:
     return [*type(self)._excluded_save_params(self), *PATCHED]
 
 
-def start_layout(venv: Any, n: int) -> Config:
+def start_layout(venv: Any, n: int, device: str = "cpu") -> Config:
     """The layout the online search starts from: the one ``venv`` (the model's VecEnv, its
     VecEnv wrappers removed) runs. A ``SubprocVecEnv`` steps each env in a process of its own:
     degree ``n`` (the actor steps one env, ``n - 1`` env workers the others); anything else
@@ -34,6 +34,10 @@ def start_layout(venv: Any, n: int) -> Config:
     out, and an 8-env DQN on a 1 ms env ran its 1,000 warm-up steps serial, 1.5x slower in
     ``learn()`` than the ``SubprocVecEnv`` it replaced.
 
+    ``device``: where the start's policy acts, the model's own device (:func:`model_device`):
+    a model on CUDA acted on CUDA in its own loop (started on the CPU, the GPU record's Pong
+    run measured its start and serial baselines at CPU inference, 3.3x slower there).
+
     >>> from stable_baselines3.common.vec_env import DummyVecEnv
     >>> import gymnasium as gym
     >>> start_layout(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4), 4) == Config.serial(4)
@@ -42,8 +46,22 @@ def start_layout(venv: Any, n: int) -> Config:
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
     if isinstance(venv, SubprocVecEnv) and n > 1:
-        return Config(num_actors=1, envs_per_actor=n, env_parallel_degree=n)
-    return Config.serial(n)
+        return Config(num_actors=1, envs_per_actor=n, env_parallel_degree=n, policy_device=device)
+    return Config.serial(n, device)
+
+
+def model_device(model: Any) -> str:
+    """``"cuda"`` when ``model``'s policy is on a CUDA device this process counts (training
+    stays there; the start's inference runs there too), else ``"cpu"``.
+
+    >>> class M: device = "cpu"
+    >>> model_device(M())
+    'cpu'
+    """
+    from auturi.resources import cuda_device_count
+
+    dev = str(getattr(model, "device", "cpu"))
+    return "cuda" if dev.startswith("cuda") and cuda_device_count() > 0 else "cpu"
 
 
 def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, strategy: str = "model",
@@ -138,7 +156,7 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         adapter = _on_policy_adapter(model, vecnorm, deterministic)
     adapter.load_state(adapter.state_of(model, vecnorm))
 
-    start = start_layout(base_venv, n) if tune and config is None and backend == "shm" else None
+    start = start_layout(base_venv, n, model_device(model)) if tune and config is None and backend == "shm" else None
     collector = build_collector(factories, adapter, n, config=config, tune=tune, strategy=strategy, budget=budget,
                                 backend=backend, seed=seed, worker_timeout=worker_timeout, start=start,
                                 workload={"sb3": type(model).__name__, "env": factories[0].name},
