@@ -49,3 +49,20 @@ def test_cuda_config_rejected_without_gpu():
     with make_executor(CountingEnv, RandomPolicy(gym.spaces.Discrete(3)), num_envs=2, backend="serial") as ex:
         with pytest.raises(ConfigError, match="policy_device.*cpu"):
             ex.reconfigure(Config(envs_per_actor=2, policy_device="cuda"))
+
+
+def test_a_knob_typo_names_the_closest_knob_and_all_of_them():
+    with pytest.raises(TypeError, match="no knob 'num_actor': did you mean 'num_actors'") as e:
+        Config(num_actor=2)
+    assert all(k in str(e.value) for k in Config.knob_names())
+    with pytest.raises(TypeError, match="no knob 'gpu'"):
+        Config(gpu=True)
+
+
+def test_a_wrong_total_says_the_default_and_the_configs_that_fit():
+    from auturi.config import total_envs_error
+
+    e = total_envs_error(Config(num_actors=3), 8, "the model's n_envs")
+    assert e.knob == "num_actors*envs_per_actor" and e.value == 3
+    assert "envs_per_actor defaults to 1" in e.rule
+    assert "Config(num_actors=2, envs_per_actor=4)" in e.rule and "Config(num_actors=3" not in e.rule

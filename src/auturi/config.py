@@ -14,6 +14,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -190,10 +192,9 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Config":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
+        unknown = sorted(set(d) - set(cls.knob_names()))
         if unknown:
-            raise ConfigError(sorted(unknown)[0], d[sorted(unknown)[0]], f"is not a knob; knobs are {sorted(known)}")
+            raise ConfigError(unknown[0], d[unknown[0]], f"is not a knob; {_knobs_hint(unknown[0])}")
         return cls(**d)
 
     def to_json(self) -> str:
@@ -209,3 +210,40 @@ class Config:
             f"env_degree={self.env_parallel_degree} | "
             f"policies={self.policies_per_actor}@{self.policy_device} batch={self.policy_batch_size}"
         )
+
+
+def _knobs_hint(name: str) -> str:
+    """"did you mean 'num_actors'? The knobs: ...", closest match first."""
+    knobs = Config.knob_names()
+    close = difflib.get_close_matches(name, knobs, n=1, cutoff=0.5)
+    first = f"did you mean {close[0]!r}? " if close else ""
+    return first + "the knobs: " + ", ".join(knobs)
+
+
+_dataclass_init = Config.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: Config, *args: Any, **kwargs: Any) -> None:
+    # The dataclass's own __init__ says only "unexpected keyword argument": name the knobs.
+    for name in kwargs:
+        if name not in Config.knob_names():
+            raise TypeError(f"auturi.Config has no knob {name!r}: {_knobs_hint(name)}")
+    _dataclass_init(self, *args, **kwargs)
+
+
+Config.__init__ = _init  # type: ignore[method-assign]
+
+
+def total_envs_error(config: Config, num_envs: int, whose: str) -> ConfigError:
+    """The error for a config whose ``num_actors * envs_per_actor`` is not the ``num_envs``
+    that ``whose`` (e.g. "the model's n_envs") has, with the configs that fit.
+
+    >>> e = total_envs_error(Config(num_actors=3), 4, "the model's n_envs")
+    >>> print(e.rule)
+    must equal the model's n_envs=4 (envs_per_actor defaults to 1); for 4 envs: Config(num_actors=1, envs_per_actor=4), Config(num_actors=2, envs_per_actor=2), Config(num_actors=4, envs_per_actor=1)
+    """
+    fits = ", ".join(f"Config(num_actors={a}, envs_per_actor={num_envs // a})"
+                     for a in range(1, num_envs + 1) if num_envs % a == 0)
+    return ConfigError("num_actors*envs_per_actor", config.num_envs,
+                       f"must equal {whose}={num_envs} (envs_per_actor defaults to 1); for {num_envs} envs: {fits}")

@@ -29,9 +29,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from auturi.config import Config
+from auturi.config import Config, total_envs_error
 from auturi.envs import EnvLike, resolve_env_fns
-from auturi.errors import AuturiError, ConfigError
+from auturi.errors import AuturiError
 from auturi.executor.buffers import ArrayBlock
 from auturi.executor.contract import MoveCost, started_devices
 from auturi.executor.layout import LayoutPlan, ProcessPlan, plan_layout
@@ -189,8 +189,7 @@ class Executor(abc.ABC):
         if not isinstance(config, Config):
             raise TypeError(f"expected an auturi.Config, got {type(config).__name__}")
         if config.num_envs != self.num_envs:
-            raise ConfigError("num_actors*envs_per_actor", config.num_envs,
-                              f"must equal the executor's num_envs={self.num_envs}")
+            raise total_envs_error(config, self.num_envs, "the executor's num_envs")
         check_device(config.policy_device)
 
     def collect(self, num_steps: int) -> Rollout:

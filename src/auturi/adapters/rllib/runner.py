@@ -19,8 +19,7 @@ from auturi.adapters.common import (Collector, FaceHandle, build_collector, ray_
 from auturi.adapters.rllib.base import OPTIONS_ATTR, UnsupportedConfigError
 from auturi.adapters.rllib.envs import env_factory
 from auturi.adapters.rllib.policy import RLModulePolicy, exploration_kind
-from auturi.config import Config
-from auturi.errors import ConfigError
+from auturi.config import total_envs_error
 
 __all__ = ["RLlibHandle", "build_handle", "runner_class"]
 
@@ -322,7 +321,7 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
     seed = resolve_seed(opts.get("seed"), cfg.seed)
     start = opts.get("config") or opts["start"]
     if start.num_envs != n:
-        raise ConfigError("num_actors*envs_per_actor", start.num_envs, f"must equal the total envs {n}")
+        raise total_envs_error(start, n, "the total envs")
     backend = resolve_backend(opts["backend"], opts.get("address"))
     collector = build_collector(
         [factory] * n, adapter, n, config=opts.get("config"), start=start, tune=opts["tune"],

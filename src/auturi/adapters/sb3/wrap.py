@@ -17,7 +17,7 @@ from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
 from auturi.adapters.sb3.handle import PATCHED, SB3Handle
 from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
 from auturi.adapters.sb3.recover import factories_from_vecenv, same_space, split_vec_wrappers
-from auturi.config import Config
+from auturi.config import Config, total_envs_error
 from auturi.errors import AuturiError
 
 def _excluded_save_params(self: Any) -> list[str]:
@@ -133,9 +133,7 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         raise ValueError(f"actor_resources are what each Ray actor asks for: they need backend='ray', got {backend!r}")
     n = int(model.n_envs)
     if config is not None and config.num_envs != n:
-        from auturi.errors import ConfigError
-
-        raise ConfigError("num_actors*envs_per_actor", config.num_envs, f"must equal the model's n_envs={n}")
+        raise total_envs_error(config, n, "the model's n_envs")
 
     base_venv, vec_layers, vecnorm = split_vec_wrappers(model.env)
     factories = _env_factories(model, env_fn, base_venv, vec_layers, vecnorm)
