@@ -44,7 +44,7 @@ from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH,
                                          RemoteLane, Semaphore, Waiter, control_specs, read_error, stuck_error,
                                          write_name)
 from auturi.executor.shm.processes import Slot, get_context
-from auturi.executor.shm.worker import ActorHost, worker_main
+from auturi.executor.shm.worker import ActorHost, WorkerStart, worker_main
 
 MIN_SLOTS = 64
 """Slots of a control block at least: later layouts reuse the block (and the processes on
@@ -355,9 +355,11 @@ class ShmExecutor(Executor):
         """How long workers and actors poll, yielding, before they block (channel.SPIN_SECONDS)."""
         return float(os.environ.get("AUTURI_SPIN_SECONDS", SPIN_SECONDS))
 
-    def _common(self) -> dict:
-        return {"seed": self.seed, "generation": self._generation, "id_offset": self.env_id_offset,
-                "spin": self._spin_seconds(), "timeout": self.worker_timeout, "check_finite": self.check_finite}
+    def _worker_start(self, p: ProcessPlan, live: dict) -> WorkerStart:
+        return WorkerStart(seed=self.seed, generation=self._generation, id_offset=self.env_id_offset,
+                           spin=self._spin_seconds(), timeout=self.worker_timeout, check_finite=self.check_finite,
+                           cpus=set(p.cpus or ()), device=p.device, threads=p.threads, env_ids=list(p.env_ids),
+                           live={e: _pickled(live[e]) for e in p.env_ids if e in live})
 
     def _start(self, plan: LayoutPlan, keep: dict[str, int], live: dict[int, Any], leaving: set[int]) -> list[int]:
         """Start the plan's processes that no live worker keeps doing, on slots neither kept
@@ -406,12 +408,11 @@ class ShmExecutor(Executor):
             ctrl[k][i] = 0
         ctrl["timing"][i] = 0
         ctrl["dumpfd"][i] = -1
-        info = {**self._common(), "cpus": set(p.cpus or ()), "device": p.device, "threads": p.threads,
-                "env_ids": list(p.env_ids), "live": {e: _pickled(live[e]) for e in p.env_ids if e in live}}
+        info = self._worker_start(p, live)
         if p.kind == "actor":
             ap = plan.actors[p.actor]  # type: ignore[index]
-            info.update(plan=ap, config=plan.config, report_sem=self._main_sem, lanes=self._lanes(ap, index))
-            self._actor_workers[i] = sorted(lane[0] for kind in ("env", "policy") for lane in info["lanes"][kind])
+            info.plan, info.config, info.report_sem, info.lanes = ap, plan.config, self._main_sem, self._lanes(ap, index)
+            self._actor_workers[i] = sorted(lane[0] for kind in ("env", "policy") for lane in info.lanes[kind])
         child_conn = None
         if p.kind in ("env", "actor"):  # env hosts: an actor always steps its first share
             # an actor also reads its new plan from it (_replan_actors)

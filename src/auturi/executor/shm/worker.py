@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import cloudpickle
@@ -278,8 +279,31 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, KEEP_FREED_BYTES))
 
 
+@dataclass
+class WorkerStart:
+    """What a worker process starts from, out of the layout plan (``ShmExecutor._start_one``):
+    the plan's process entry made concrete for one slot. An actor's also carries its part of
+    the plan and the remote lanes it drives."""
+
+    seed: int
+    generation: int
+    id_offset: int
+    spin: float  # seconds a wait polls before it blocks (channel.SPIN_SECONDS)
+    timeout: float  # worker_timeout
+    check_finite: bool
+    cpus: set[int]  # the cores it is pinned to (empty: not pinned)
+    device: str | None  # where its policy runs (None: it runs none)
+    threads: int | None  # its torch threads
+    env_ids: list[int]  # the envs it steps (global indices)
+    live: dict[int, bytes | None] = field(default_factory=dict)  # envs moved here mid-episode, pickled
+    plan: Any = None  # an actor's ActorPlan
+    config: Any = None  # an actor's layout config
+    report_sem: Any = None  # an actor reports its collects to the caller here
+    lanes: dict[str, list] | None = None  # an actor's remote lanes: (slot, start_sem, name, commands)
+
+
 def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_sem: Any, ready_sem: Any,
-                payloads: tuple[bytes, bytes], spec: WorkloadSpec, num_envs: int, info: dict, conn: Any) -> None:
+                payloads: tuple[bytes, bytes], spec: WorkloadSpec, num_envs: int, info: WorkerStart, conn: Any) -> None:
     """Entry point of every worker process. ``kind`` is ``env``, ``policy`` or ``actor``."""
     # Ctrl-C reaches the whole process group; the caller handles it and ends us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -287,12 +311,12 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     keep_freed_memory()
     for var in THREAD_VARS:
         os.environ[var] = "1"
-    if info.get("cpus"):
+    if info.cpus:
         # Spread env workers over the cores: woken by one process, the scheduler would
         # otherwise stack them on the waker's core and leave the others idle for
         # milliseconds (measured: 2 workers ran at the speed of 1 on a 2-core machine).
         try:
-            os.sched_setaffinity(0, info["cpus"])
+            os.sched_setaffinity(0, info.cpus)
         except (AttributeError, OSError):
             pass
     try:
@@ -314,29 +338,29 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
 
         def policy() -> Any:
             p = cloudpickle.loads(payloads[1])
-            p.to(info["device"])
+            p.to(info.device)
             return p
 
         if kind == "policy":
             obj = PolicyRunner(policy())
-            _set_torch_threads(info["threads"])
+            _set_torch_threads(info.threads)
         else:
             # the factories first: unpickling them sets up this process for their envs (id
             # providers imported, warnings the owner showed silenced) before moved envs arrive
             fns = env_fns()
-            live = {i: cloudpickle.loads(b) for i, b in info["live"].items() if b}  # envs moved here mid-episode
-            envs = make_env_runner(info["env_ids"], fns, info["seed"], info["generation"], info["id_offset"],
-                                   live, check_finite=info.get("check_finite", False))
+            live = {i: cloudpickle.loads(b) for i, b in info.live.items() if b}  # envs moved here mid-episode
+            envs = make_env_runner(info.env_ids, fns, info.seed, info.generation, info.id_offset,
+                                   live, check_finite=info.check_finite)
             report_progress(envs, ctrl, slot)
             if kind == "env":
                 obj = envs
             else:
-                obj = ActorHost(info["plan"], envs, policy, ctrl, info["lanes"], done_sem, check_parent,
-                                info["config"], info["spin"], info["timeout"], (memoryview(ctrl["beat"]), slot))
+                obj = ActorHost(info.plan, envs, policy, ctrl, info.lanes, done_sem, check_parent,
+                                info.config, info.spin, info.timeout, (memoryview(ctrl["beat"]), slot))
                 obj.slot = slot
                 if obj.local_policy is not None:
-                    _set_torch_threads(info["threads"])
-                done_sem = info["report_sem"]  # an actor reports to the caller, not to itself
+                    _set_torch_threads(info.threads)
+                done_sem = info.report_sem  # an actor reports to the caller, not to itself
         ctrl["status"][slot] = OK
     except BaseException as exc:  # report construction failures (bad env, bad policy) too
         write_error(ctrl, slot, exc)
@@ -345,7 +369,7 @@ def worker_main(kind: str, slot: int, ctrl_handle: tuple, start_sem: Any, done_s
     if ctrl["status"][slot] != OK:
         return _shutdown(obj, data, ctrl)
     try:
-        _serve(kind, slot, obj, ctrl, data, start_sem, done_sem, conn, check_parent, info["spin"])
+        _serve(kind, slot, obj, ctrl, data, start_sem, done_sem, conn, check_parent, info.spin)
     except SystemExit:
         pass
     finally:
