@@ -1,5 +1,9 @@
 """One actor's collection loop: the ping-pong between its envs and its policy replicas.
 
+Over 400 lines on purpose: the three loops (lockstep, overlapped, general) share the lanes'
+bookkeeping and each is the hot path of its layouts; split, each would need the others'
+queues and counters.
+
 The loop sees "lanes": ``env_parallel_degree`` env lanes, each stepping its share of the
 actor's envs in turn, and ``policies_per_actor`` policy lanes. A lane is local (runs in this
 process, synchronously) or remote (a worker process woken by a semaphore). The loop hands

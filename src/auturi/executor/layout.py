@@ -1,6 +1,10 @@
 """Where everything of a :class:`~auturi.Config` runs: one pure function, :func:`plan_layout`,
 from ``(config, cores, cluster)`` to a :class:`LayoutPlan`.
 
+Just over 400 lines on purpose: the one place a config becomes processes, shares, pins,
+threads and loops; split, the rules that must agree (pins and threads, shares and hosts)
+would live apart.
+
 Per actor the plan says which envs it owns, how they are split in shares and which process
 steps each share, its policy replicas and where they run, which loop it runs (lockstep,
 overlapped or general), and, per process it starts, the cores the process is pinned to and

@@ -1,5 +1,9 @@
 """Results records, the fingerprints that key them, and the cache of past choices.
 
+Over 400 lines on purpose: reading, checking and storing records share the fingerprints
+and the trust rules (owner, atomic writes, one warning per directory); split, each half would
+need the other's.
+
 A record is one JSON document per tuning run: the hardware fingerprint (CPU model, cores,
 memory, GPUs, torch version), the workload fingerprint (env, spaces, num_envs, policy,
 num_steps), every trial with all its samples, and the choice with the reason. The CLI, the
