@@ -28,6 +28,7 @@ Example:
     True
 """
 from auturi.tuner.cache import (
+    CacheWarning,
     ResultsCache,
     hardware_fingerprint,
     load_record,
@@ -58,6 +59,7 @@ from auturi.tuner.result import TuneError, TuneResult, TunerEvent
 from auturi.tuner.api import TuneReport, tune
 
 __all__ = [
+    "CacheWarning",
     "GridStrategy",
     "MeasureProtocol",
     "ModelStrategy",
