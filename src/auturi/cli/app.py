@@ -32,7 +32,7 @@ from auturi.cli.helptext import HelpCommand, HelpGroup
 from auturi.cli.interrupt import (EXIT_TERMINATED, Interrupted, Terminated, interrupted, sigterm_as_interrupt,
                                   signal_words)
 from auturi.cli.knobs import executor_kwargs, parse_devices, parse_start
-from auturi.cli.policies import build_policy, probe_spaces, resolve_env_spec
+from auturi.cli.policies import build_policy, env_note, probe_spaces, resolve_env_spec
 from auturi.cli.statuspage import StatusPage, linger
 from auturi.tuner.api import DEFAULT_BUDGET_SECONDS
 from auturi.cli.render import (ProgressFeed, compact, config_line, fmt, json_safe, make_progress, notes_help,
@@ -89,11 +89,15 @@ Opt = typer.Option
 # less); help lines are short: the details are in docs/cli.md.
 @app.command(cls=HelpCommand, epilog=notes_help(), short_help="Measure layouts for ENV; print the fastest.")
 def tune(
-    env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1), an EnvPool id "
-                                                           "(envpool:Pong-v5), or module:factory (a callable "
+    env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1; Atari ids such as "
+                                                           "ALE/Pong-v5 get the standard preprocessing: 84x84 "
+                                                           "grayscale, frame skip 4, 4 stacked frames), an EnvPool "
+                                                           "id (envpool:Pong-v5), or module:factory (a callable "
                                                            "returning a gymnasium.Env).", show_default=False)],
     policy: Annotated[str, Opt("--policy", metavar="KIND", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), "
                                                                 "or PATH.zip: a saved SB3 PPO/A2C model.")] = "auto",
+    raw_frames: Annotated[bool, Opt("--raw-frames", help="Atari ids: tune the raw 210x160 RGB frames, without "
+                                                         "the preprocessing.")] = False,
     num_envs: Annotated[int, Opt("--num-envs", metavar="N", help="Total envs (the search keeps it).")
                         ] = DEFAULT_NUM_ENVS,
     num_steps: Annotated[int, Opt("--num-steps", metavar="T", help="Steps per env per collect: your "
@@ -147,7 +151,8 @@ def tune(
 ) -> None:
     """Measure collection layouts for ENV on this machine and print the fastest."""
     _run(lambda: _tune_guarded(
-        env=env, policy=policy, num_envs=num_envs, num_steps=num_steps, strategy=strategy.value,
+        env=env, raw_frames=raw_frames, policy=policy, num_envs=num_envs, num_steps=num_steps,
+        strategy=strategy.value,
         budget_trials=budget_trials, budget_seconds=budget_seconds, devices=devices, start=start, seed=seed, out=out,
         status_port=status_port, status_host=status_host, status_token=status_token, status_linger=status_linger,
         json_out=json_out, backend=backend.value, max_trial_seconds=max_trial_seconds, cache=cache,
@@ -252,10 +257,10 @@ def _tune_guarded(**kw: Any) -> None:
         _tune(**kw)
 
 
-def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str, budget_trials: int | None,
-          budget_seconds: float | None, devices: str | None, start: str | None, seed: int, out: Path | None,
-          status_port: int | None, status_host: str, status_token: str | None, status_linger: float | None,
-          json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
+def _tune(*, env: str, raw_frames: bool, policy: str, num_envs: int, num_steps: int, strategy: str,
+          budget_trials: int | None, budget_seconds: float | None, devices: str | None, start: str | None,
+          seed: int, out: Path | None, status_port: int | None, status_host: str, status_token: str | None,
+          status_linger: float | None, json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
           executor_kwargs: dict[str, Any]) -> None:
     _check_tune_options(num_envs=num_envs, num_steps=num_steps, budget_trials=budget_trials,
                         budget_seconds=budget_seconds, max_trial_seconds=max_trial_seconds, status_port=status_port,
@@ -264,7 +269,7 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
     if budget_trials is None and budget_seconds is None:
         budget_seconds = DEFAULT_BUDGET_SECONDS
     start_config = parse_start(start, num_envs) if start is not None else None
-    env_obj = resolve_env_spec(env)
+    env_obj = resolve_env_spec(env, raw_frames)
     dev_list = parse_devices(devices)
     if start_config is not None and start_config.policy_device != "cpu":
         dev = start_config.policy_device
@@ -288,6 +293,8 @@ def _tune(*, env: str, policy: str, num_envs: int, num_steps: int, strategy: str
                  f"backend {backend}, strategy {strategy}, budget "
                  + ", ".join(x for x in (f"{budget_trials} trials" if budget_trials else "",
                                          f"{budget_seconds:g} s" if budget_seconds else "") if x))
+        if env_note(env_obj):
+            say(err, env_note(env_obj))
 
     places: dict[str, list] = {}  # config -> where its actors ran (ray backend), for the report and the page
 

@@ -12,14 +12,17 @@ from typing import Any
 
 from auturi.cli.common import fail, one_line
 
-__all__ = ["build_policy", "probe_spaces", "resolve_env_spec", "sb3_policy"]
+__all__ = ["build_policy", "env_note", "probe_spaces", "resolve_env_spec", "sb3_policy"]
 
 
-def resolve_env_spec(spec: str) -> Any:
+def resolve_env_spec(spec: str, raw_frames: bool = False) -> Any:
     """What ``make_executor`` takes for the ENV argument: a gymnasium id (``ALE/Pong-v5``
     imports ``ale_py``), an EnvPool id (``envpool:Pong-v5``), ``module:factory`` (a callable
     returning a ``gymnasium.Env``), or gymnasium's own ``module:Env-v0`` spelling, returned
-    as is so that every worker imports the module before ``gym.make``."""
+    as is so that every worker imports the module before ``gym.make``.
+
+    An Atari id (made by ale-py) becomes :class:`auturi.envs.atari.AtariPreprocessed`: the
+    preprocessing and frame stack Atari agents train on, unless ``raw_frames``."""
     from auturi.envs import ENVPOOL_PREFIX
 
     spec = spec.strip()
@@ -30,7 +33,7 @@ def resolve_env_spec(spec: str) -> Any:
             fail(f"{spec} needs EnvPool, which is not installed: pip install envpool (or 'auturi[envpool]')")
         return spec
     if ":" not in spec:
-        return spec
+        return spec if raw_frames else _atari_preprocessed(spec)
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         fail(f"ENV {spec!r}: write module:factory, e.g. my_envs:make_env")
@@ -57,6 +60,42 @@ def resolve_env_spec(spec: str) -> Any:
     if not callable(obj):
         fail(f"ENV {spec!r}: {attr} is a {type(obj).__name__}, not a callable returning a gymnasium.Env")
     return obj
+
+
+def _atari_preprocessed(spec: str) -> Any:
+    """``spec`` itself, or for an Atari id the preprocessed factory (``--raw-frames`` keeps
+    the id). An unknown id is returned as is: :func:`probe_spaces` words its error."""
+    from auturi.envs import find_env_id
+
+    try:
+        env_id, _ = find_env_id(spec)  # imports ale_py for ALE/... ids
+    except ValueError:
+        return spec
+    from auturi.envs.atari import AtariPreprocessed, is_ale_id
+
+    if not is_ale_id(env_id):
+        return spec
+    if importlib.util.find_spec("cv2") is None:
+        fail(f"{spec}: the standard Atari preprocessing (84x84 grayscale, 4 stacked frames) needs OpenCV: pip "
+             f"install opencv-python-headless, or pass --raw-frames to tune the raw 210x160 frames")
+    return AtariPreprocessed(env_id)
+
+
+def env_note(env: Any) -> str | None:
+    """The line the CLI prints about what ENV became (the Atari preprocessing), or None."""
+    from auturi.envs.atari import RECIPE, AtariPreprocessed
+
+    if isinstance(env, AtariPreprocessed):
+        return (f"{env.game_id} with the standard Atari preprocessing (SB3's and EnvPool's recipe): frameskip=1 + "
+                f"{RECIPE}, observations (4, 84, 84) uint8. Raw frames: --raw-frames; EnvPool's Atari: "
+                f"envpool:{_envpool_task(env)}")
+    return None
+
+
+def _envpool_task(env: Any) -> str:
+    """EnvPool's task for the game (``ALE/Pong-v5`` -> ``Pong-v5``), or ``TASK``."""
+    game = env.game_id
+    return game[len("ALE/"):] if game.startswith("ALE/") and game.endswith("-v5") else "TASK"
 
 
 def probe_spaces(env: Any) -> tuple[Any, Any]:
@@ -88,7 +127,10 @@ def build_policy(kind: str, obs_space: Any, action_space: Any) -> tuple[Any, str
         return builtin_policy(kind, obs_space, action_space, option="--policy ", other="--policy PATH.zip with a "
                               "saved SB3 model")
     except ValueError as e:
-        fail(str(e))
+        hint = ""
+        if kind.lower() == "cnn" and getattr(obs_space, "shape", None) == (210, 160, 3):
+            hint = " (these are raw Atari frames: leave out --raw-frames for the 84x84 preprocessing cnn takes)"
+        fail(str(e) + hint)
 
 
 def sb3_policy(path: Path, obs_space: Any, action_space: Any) -> Any:
