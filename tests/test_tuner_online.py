@@ -256,16 +256,20 @@ def test_the_first_rollouts_profile_leads_straight_to_the_predicted_best():
     assert len(online.history) <= 6  # only the few the prediction cannot separate
 
 
-def test_a_cached_choice_runs_from_the_first_collect_and_is_only_confirmed(tmp_path):
+def test_a_cached_choice_runs_from_the_first_collect_and_is_only_confirmed(tmp_path, capsys):
     first = ProfiledFake()
     online = model_online(first, cache=tmp_path)
     run_until(online, first, 300.0)
     choice = online.locked_config
     assert choice is not None and choice != Config.serial(N16)
+    assert "starting from the layout cached" not in capsys.readouterr().err  # nothing cached yet
 
     ex = ProfiledFake()
     again = model_online(ex, cache=tmp_path)
     again.collect(64)
+    said = capsys.readouterr().err  # the user is told where the layout came from, and how to opt out
+    assert f"starting from the layout cached in {tmp_path}" in said and str(choice) in said
+    assert "'cache': False" in said
     assert ex.log[:2] == [("reconfigure", choice), ("collect", choice)]  # before the first collect
     for _ in range(10):
         again.collect(64)

@@ -110,6 +110,22 @@ class _Session:
             if self.cached and self.cached[0].num_envs != n:
                 self.cached = None
             self.cached_record = rec if self.cached else None  # the whole record: what its search left open
+            if self.cached and self.mode == "online":
+                self._say_cached()
+
+    def _say_cached(self) -> None:
+        """One line on stderr: training starts from a layout another run chose, not from the
+        user's (a wrapped DummyVecEnv model starting at degree 8 surprised a user who read
+        "serial")."""
+        import sys
+
+        assert self.cached is not None and self.cache is not None
+        config, sps = self.cached
+        where = self.cache.path(self.hardware, self.workload)
+        then = f", {sps:,.0f} steps/s then" if sps else ""
+        print(f"auturi: starting from the layout cached in {where} ({config}{then}); it is confirmed on the first "
+              f"collects. To measure afresh: tuner_options={{'cache': False}}, or AUTURI_CACHE_DIR elsewhere",
+              file=sys.stderr)
 
     def _prepare_strategy(self, executor: Any, num_steps: int) -> None:
         if self._prepared:
