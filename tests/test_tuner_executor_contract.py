@@ -58,7 +58,7 @@ def test_the_shm_backend_says_which_servers_a_move_waits_for_and_prepare_starts_
     import os
 
     if os.environ.get("AUTURI_START_METHOD", "forkserver") != "forkserver":
-        pytest.skip("servers exist under the forkserver start method only")
+        pytest.skip("requires the forkserver start method (servers exist under it only)")
     with _executor("shm") as ex:
         cost = ex.move_cost(DEGREE)
         assert cost.processes == N - 1 and cost.cold_servers == 1  # the env workers' server

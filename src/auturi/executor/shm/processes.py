@@ -221,8 +221,8 @@ def _watch_owner(owner: int, fd: int | None) -> None:
     if fd is not None:
         poller = select.poll()  # not select(): no limit on the fd's number
         poller.register(fd, select.POLLIN)
-        while not poller.poll():
-            pass
+        while not poller.poll():  # blocks until the owner is gone (an empty answer: woken for nothing)
+            continue
     else:
         while _exists(owner):
             time.sleep(OWNER_POLL_SECONDS)
