@@ -37,6 +37,8 @@ def run_one(kind: str, profile: str, collects: int, args: Any) -> dict:
         t0 = time.perf_counter()
         with make_executor(box.env, box.policy(), num_envs=n, config=configs[kind], backend="shm", seed=0) as ex:
             tuner = OnlineTuner(ex, cache=False, cores=args.cores) if kind.startswith("online") else None
+            if tuner is not None:
+                tuner.begin(args.steps)  # as the SB3 face does at wrap time (timed: inside total)
             for i in range(collects):
                 cfg, c0 = ex.config, time.perf_counter()
                 moves = len(tuner.reconfigures) if tuner else 0

@@ -80,7 +80,10 @@ def test_moves_log_the_devices_each_reconfigure_initialised_and_price_the_next_b
 
 # ---------------------------------------------------------------------------- the emulated box
 def _run(profile: str, collects: int, num_steps: int, *, cores: int, time_scale: float, context: float,
-         start: Config) -> tuple[OnlineTuner, list[Config]]:
+         start: Config, begin: bool = False) -> tuple[OnlineTuner, list[Config]]:
+    """An online run on the emulated box; ``begin``: the tuner begins before the first collect,
+    as the SB3 face does at wrap time. The configs the collects ran; the first rollout's
+    observations and actions are kept on the tuner as ``first_data`` (for the data check)."""
     from auturi.testing.emulated_gpu import emulated_box
 
     ran: list[Config] = []
@@ -88,9 +91,13 @@ def _run(profile: str, collects: int, num_steps: int, *, cores: int, time_scale:
         with make_executor(box.env, box.policy(), num_envs=start.num_envs, config=start, backend="shm",
                            seed=0) as ex:
             tuner = OnlineTuner(ex, cache=False, cores=cores)
+            if begin:
+                tuner.begin(num_steps)
             for i in range(collects):
                 ran.append(ex.config)
-                tuner.collect(num_steps, remaining_collects=collects - 1 - i)
+                r = tuner.collect(num_steps, remaining_collects=collects - 1 - i)
+                if i == 0:
+                    tuner.first_data = (r.observations.copy(), r.actions.copy())  # type: ignore[attr-defined]
     return tuner, ran
 
 
@@ -100,21 +107,42 @@ def _parallel(c: Config) -> bool:
     return c.env_parallel_degree >= 8 or (c.num_actors > 1 and c.env_parallel_degree > 1)
 
 
-def test_an_emulated_pong_run_on_cuda_reaches_the_parallel_family_within_three_rollouts():
+def test_an_emulated_pong_run_on_cuda_runs_parallel_from_its_first_collect():
     """32 envs of the Pong-like emulated simulator, a policy on the emulated GPU (a CUDA start
     per process), the 16-core box's view of the cores, the start serial on cuda as SB3's own
-    loop: the first collect starts the env workers' server, the first measured one ends the
-    start (the profile predicts far more), and the third rollout runs the parallel family;
-    the search makes few moves and spends few collects off its choice."""
-    tuner, ran = _run("pong-like", 12, 64, cores=16, time_scale=1.0, context=0.5, start=Config.serial(N, "cuda"))
-    first = next(i for i, c in enumerate(ran) if _parallel(c))
-    assert first <= 3, ran
-    assert all(c.policy_device == "cuda" for c in ran)  # no serial-on-CPU baseline after a CUDA start
-    start = tuner.history[0]
-    assert start.source == "start" and start.stop_reason == "decisive"
+    loop, the tuner begun at wrap time as the SB3 face does: one env timed then (a copy, in
+    this process) gives the model a profile that predicts a layout 2x the start's or more, so
+    the first trial is the search's first move and no collect runs the serial start; the first
+    rollout's data is a serial run's; the search makes few moves."""
+    from auturi.testing.emulated_gpu import emulated_box
+
+    start = Config.serial(N, "cuda")
+    tuner, ran = _run("pong-like", 8, 64, cores=16, time_scale=1.0, context=0.5, start=start, begin=True)
+    assert all(_parallel(c) for c in ran), ran  # the first collect included: nothing ran serial
+    assert start not in tuner.moves.log  # the tuner's own count of the collects under each layout
+    assert all(c.policy_device == "cuda" for c in ran)
+    assert tuner.profile_source == "wrap"
+    assert all(t.source != "start" for t in tuner.history)  # the 2x margin is the guarantee, as a decisive start's
     assert tuner.locked is not None and _parallel(tuner.locked.config)
     cost = tuner.first_run_cost()
     assert cost["reconfigures"] <= 3 and cost["collects_off_choice"] <= 4
+    # the data contract: the parallel first rollout is what the serial loop collects
+    with emulated_box("pong-like", time_scale=1.0, context_seconds=0.0) as box:
+        with make_executor(box.env, box.policy(), num_envs=N, config=start, backend="shm", seed=0) as ex:
+            r = ex.collect(64)
+    obs, actions = tuner.first_data  # type: ignore[attr-defined]
+    assert (obs == r.observations).all() and (actions == r.actions).all()
+
+
+def test_under_early_cores_the_first_collect_runs_the_start():
+    """Below ``EARLY_CORES`` nothing is timed at wrap time: the first collect runs the start
+    layout and is the start trial's first sample, the model profiled from it as before."""
+    start = Config.serial(N, "cuda")
+    tuner, ran = _run("pong-like", 2, 64, cores=8, time_scale=1.0, context=0.5, start=start, begin=True)
+    assert ran[0] == start and tuner.moves.log[start][0] >= 1
+    sources = [t.source for t in tuner.history] + ([tuner.current.source] if tuner.current else [])
+    assert sources[0] == "start"
+    assert tuner.profile_source != "wrap"
 
 
 def test_a_subprocvecenv_start_on_a_many_core_box_skips_the_serial_baseline():
@@ -187,3 +215,24 @@ def test_the_sb3_face_starts_a_cuda_model_where_its_own_loop_acted():
         assert start_layout(dummy, 4, model_device(OnCuda())) == Config.serial(4, "cuda")
         assert start_layout(subproc, 4, "cuda") == Config(1, 4, 4, 1, "cuda", 4)
     assert start_layout(dummy, 4) == Config.serial(4)
+
+
+@pytest.mark.parametrize("measured, measures_start", [(1200.0, True), (3000.0, False)])
+def test_a_wrap_time_move_that_measures_short_of_its_margin_has_the_start_measured(measured, measures_start):
+    """After a wrap-time move the start is not measured (the 2x margin stands for it), unless
+    the move measures under the square root of that margin over the start's prediction: then the start is
+    measured after all, so a misprediction cannot lock in a layout slower than the user's."""
+    from auturi.envs import CountingEnv
+    from auturi.policy import RandomPolicy
+    from auturi.tuner.measure import Trial
+
+    with make_executor([CountingEnv] * 4, RandomPolicy(CountingEnv().action_space), num_envs=4,
+                       backend="serial") as ex:
+        tuner = OnlineTuner(ex, cache=False)
+        tuner.begin(8)
+        moved = Config(num_actors=2, envs_per_actor=2)
+        tuner.profile_source, tuner._start_pred = "wrap", 1000.0
+        tuner._queue = []
+        tuner.history[:] = [Trial(config=moved, source="online", samples=[measured] * 3, status="ok")]
+        tuner._start_if_doubtful()
+        assert ((tuner.start_config, "start") in tuner._queue) is measures_start

@@ -13,12 +13,17 @@ and is only confirmed (unless a shorter run cached it: :func:`payback.cached_sea
 else the start layout's first collects are the model's profile (the first collect already
 starts the env workers' server where the envs took most of it and the machine has room for
 them; the start ends at one sample where the profile predicts a layout ``decisive_gain`` times
-faster: a 16-core GPU box's first move comes at the third collect) and only configs the model
+faster; on ``EARLY_CORES`` cores or more, one env timed at begin (a copy, in this process)
+gives the model its profile before any collect, and where it predicts a layout that much
+faster the start is not run at all: the first collect runs the search's first move, the 2x
+margin standing in for the start's measure as it does for the decisive start's single
+sample, since 2026-11-26) and only configs the model
 cannot tell from the best measured are tried, each only where it pays back before the
 training ends (:mod:`~auturi.tuner.payback`); a move's servers start only when its trial is
 due, the training collecting unmeasured meanwhile; a clearly slower trial stops after one
 sample; without a known horizon the search pauses past ``search_share`` of the wall time;
-the lock-in is never a config measured slower than the start or serial layout.
+the lock-in is never a config measured slower than the start or serial layout (where they
+were measured: not after the begin-time move above).
 :meth:`OnlineTuner.first_run_cost` (in the record and in ``status()``) says what it cost.
 """
 from __future__ import annotations
@@ -35,6 +40,7 @@ from auturi.tuner import payback
 from auturi.tuner.measure import Trial, TrialRecorder, throughput_of
 from auturi.tuner.online_moves import Moves, Standing
 from auturi.tuner.online_settings import OnlineSettings
+from auturi.tuner.profile import predict
 from auturi.tuner.payback import (  # noqa: F401 - re-exported: their old home
     PROCESS_START_PRIOR,
     RECONFIGURE_BASE,
@@ -42,7 +48,7 @@ from auturi.tuner.payback import (  # noqa: F401 - re-exported: their old home
     declined_now_paying,
 )
 from auturi.tuner.result import Callback, TuneResult, _cfg, _fmt
-from auturi.tuner.rollout_profile import profile_from_rollouts, profiles_in_process
+from auturi.tuner.rollout_profile import profile_at_wrap, profile_from_rollouts, profiles_in_process
 from auturi.tuner.session import _Session
 from auturi.tuner.space import SearchSpace
 from auturi.tuner.strategies import Strategy
@@ -147,6 +153,8 @@ class OnlineTuner(_Session):
         self._ahead_tried = False  # _warm_ahead ran (once per tuner)
         self._first_shares: tuple[float, float] | None = None  # (env, CPU) share of the first collect
         self._room = False  # the first collect said env workers have room here (_first_look)
+        self._start_pred: float | None = None  # the start's predicted steps/s at wrap (_decide_at_begin)
+        self._at_begin = False  # inside _begin: a move made now is part of the wrap, not deferred (_warm_first)
         # -- the drop monitor's
         self._drops = 0
         self._fresh = False  # the collect after a lock-in reconfigure is not monitored
@@ -278,7 +286,7 @@ class OnlineTuner(_Session):
     def _warm_first(self, config: Config, source: str) -> bool:
         """Defer the trial of ``config`` while the executor gets ready for it (True; see
         :meth:`Moves.must_wait`). A cached choice starts at once, as a fixed config does."""
-        if source == "cache" or not self.moves.must_wait(config):
+        if source == "cache" or self._at_begin or not self.moves.must_wait(config):
             return False
         self._deferred = (config, source)
         self.current, self._rec = None, None
@@ -310,7 +318,11 @@ class OnlineTuner(_Session):
         self._queue_baselines()
         self._set_phase("explore")
         self._warm_at_begin()
-        self._advance()
+        self._at_begin = self._decide_at_begin()
+        try:
+            self._advance()
+        finally:
+            self._at_begin = False
 
     def _warm_at_begin(self) -> None:
         """On ``EARLY_CORES`` cores or more, start the env workers' server before the first
@@ -408,8 +420,8 @@ class OnlineTuner(_Session):
         imports cost 3-5% of a short run for a move that rarely pays."""
         share = self.settings.early_env_share
         cores = self.space.cores if self.space is not None else 1
-        if share is None or self.phase != "explore" or self.cached:
-            return
+        if share is None or self.phase != "explore" or self.cached or self.profile_source == "wrap":
+            return  # (wrap: _decide_at_begin already found the room and moved)
         if not profiles_in_process(config):  # a SubprocVecEnv user's start on a GPU box: its workers run
             self._room = cores >= EARLY_CORES and config.policy_device != "cpu"
             return
@@ -419,6 +431,93 @@ class OnlineTuner(_Session):
         cpu_share = cpu_seconds / seconds
         self._first_shares = (env_share, cpu_share)
         self._room = env_share >= share and (cores >= EARLY_CORES or cpu_share <= IDLE_CPU_SHARE)
+
+    def _decide_at_begin(self) -> bool:
+        """On ``EARLY_CORES`` cores or more, before the first collect: time one env (a copy
+        from ``env_fns[0]``, ~0.2 s, then closed) and the policy (a copy) in this process
+        (:func:`~auturi.tuner.rollout_profile.profile_at_wrap`), and give the model that
+        profile. When the envs take ``early_env_share`` of a serial step or more and the model
+        predicts a layout ``decisive_gain`` times the start's prediction or more, the start is
+        dropped from the queue (and measured after all should the move measure under the square
+        root of that margin: :meth:`_start_if_doubtful`) and the first trial is the one the search would make after a
+        decisive start (:meth:`_next_proposal`: on the model's device first, ranked by net
+        payback with the start's prediction standing in for its one sample), made here, before the first collect (True). The start is not measured
+        then: as for the decisive start's single sample, the 2x margin is the guarantee (the
+        emulated 16-core Pong run's first serial rollout took 3-4.5 s against 0.4-0.9 s for a
+        parallel one: 0.59x of SubprocVecEnv over 8 collects). Else the model is given back
+        unprepared, and the first collects profile it as before (False). Nothing here on
+        fewer cores."""
+        s, space = self.settings, self.space
+        assert space is not None
+        strat = self.strategy
+        if (s.decisive_gain is None or s.early_env_share is None or space.cores < EARLY_CORES or self.cached
+                or not s.profile_from_rollouts or not profiles_in_process(self.start_config)
+                or getattr(strat, "predictions", None) is None or getattr(strat, "profile", False) is not None):
+            return False
+        start, n = self.start_config, self.executor.num_envs
+        try:
+            prof = profile_at_wrap(self.executor, start, self._num_steps, batch_sizes=space.values("policy_batch_size"),
+                                   devices=space.values("policy_device"), cores=space.cores)
+        except Exception as e:  # an optimisation only: the first collects profile as before
+            self._emit("phase", None, None, f"no wrap-time profile ({type(e).__name__}: {e}); profiling from the "
+                                            f"first collects")
+            return False
+        if prof is None:
+            return False
+        env = prof.env_step_seconds * n
+        pol = prof.policy_latency(start.policy_device, start.policy_batch_size) * math.ceil(
+            start.envs_per_actor / start.policy_batch_size)
+        if not env > 0 or env / (env + pol) < s.early_env_share:
+            return False
+        saved_space = space
+        strat.profile = prof  # type: ignore[attr-defined]
+        try:
+            self._prepare_strategy(self.executor, self._num_steps)
+        except Exception as e:
+            self._emit("phase", None, None, f"no wrap-time model ({type(e).__name__}: {e}); profiling from the "
+                                            f"first collects")
+            table = {}
+        else:
+            table = strat.predictions()  # type: ignore[attr-defined]
+        finally:
+            self.phase = "explore"
+        here = table.get(start) if table else None
+        if here is None and table:
+            here = predict(start, prof)
+        if not table or not here or not (max(table.values()) >= s.decisive_gain * here):
+            strat.profile, self._prepared, self.space = None, False, saved_space  # type: ignore[attr-defined]
+            return False
+        top, pred = max(table.items(), key=lambda kv: kv[1])
+        # The move the search would make after a decisive start (:meth:`_next`), the start's
+        # prediction standing in for its one sample: the proposal ranked by net payback.
+        self._start_pred = here
+        first = self._next_proposal() if self.remaining_collects is not None else self._wrap_move(table, here)
+        if first is None or first == start or not self._pays_back(first):
+            self._start_pred = None
+            strat.profile, self._prepared, self.space = None, False, saved_space  # type: ignore[attr-defined]
+            return False
+        self.moves.promise(first, strat.predicted(first), here)
+        self.profile_source, self._room = "wrap", True
+        self._queue = [(first, "online")] + [(c, src) for c, src in self._queue if c != start]
+        self._emit("phase", None, here, f"{space.cores} cores, one env timed at wrap: the profile predicts {top} at "
+                                        f"{_fmt(pred)} steps/s, {pred / here:.1f}x the start {start}: the first "
+                                        f"collect runs {first}")
+        return True
+
+    WRAP_HORIZON = 8
+    """Collects a begin-time move is priced over when the horizon is unknown (the SB3 face
+    begins at wrap time, before ``learn`` says it): the GPU record's shortest run (32k steps)."""
+
+    def _wrap_move(self, table: Mapping[Config, float], here: float) -> Config | None:
+        """Without a horizon, the begin-time move: of the layouts on the start's device predicted
+        ``decisive_gain`` times the start or more, the one whose reconfigure plus
+        ``WRAP_HORIZON`` collects is predicted shortest. Ranked by prediction alone (no horizon:
+        the payback rule cannot price), the emulated Pong run's first move started 8 CUDA
+        replicas (3.2 s of contexts) for a gain a single replica nearly matched."""
+        g, dev = self.settings.decisive_gain or 1.0, self.start_config.policy_device
+        steps = self._num_steps * self.executor.num_envs
+        ok = [c for c, p in table.items() if c.policy_device == dev and p >= g * here]
+        return min(ok, key=lambda c: self.moves.estimate(c) + self.WRAP_HORIZON * steps / table[c], default=None)
 
     def _serial_needless(self) -> bool:
         """Whether the serial baseline after a start that runs envs or inference elsewhere (a
@@ -655,6 +754,7 @@ class OnlineTuner(_Session):
             self._advance()
 
     def _next(self) -> tuple[Config, str] | None:
+        self._start_if_doubtful()
         while self._queue:
             c, source = self._queue.pop(0)
             if source == "serial" and self._serial_needless():
@@ -684,6 +784,24 @@ class OnlineTuner(_Session):
         x = self._exploration()
         return (x, "online") if x is not None else None
 
+    def _start_if_doubtful(self) -> None:
+        """After a wrap-time move (:meth:`_decide_at_begin`) the start is not measured: the
+        model's 2x margin stands for it. Once the move measured, if it is not clearly faster
+        than the start was predicted (the square root of the margin: 1.4x), the prediction is
+        in doubt and the start is measured after all, so the lock-in is never a layout slower than the user's
+        own by a misprediction."""
+        if (self.profile_source != "wrap" or self._start_pred is None or self.phase == "research"
+                or any(t.config == self.start_config for t in self.history)
+                or any(c == self.start_config for c, _ in self._queue)):
+            return
+        best = self.best()
+        margin = math.sqrt(max(1.0, self.settings.decisive_gain or 2.0))
+        if best is not None and best.estimate < margin * self._start_pred:
+            self._queue.insert(0, (self.start_config, "start"))
+            self._emit("phase", best, best.estimate,
+                       f"{best.config} measured {_fmt(best.estimate)} steps/s, under {margin:.1f}x the start's "
+                       f"predicted {_fmt(self._start_pred)}: measuring the start {self.start_config} after all")
+
     def _exploration(self) -> Config | None:
         """The best-predicted config of a layout family nothing was measured in
         (:meth:`ModelStrategy.propose_family`), when trying it pays back ``explore_factor``
@@ -708,7 +826,9 @@ class OnlineTuner(_Session):
     # -- does a move pay back before the training ends? (self.moves, by auturi.tuner.payback)
     def _standing(self) -> Standing:
         best = self.best()
-        return Standing(best.estimate if best else None, self.remaining_collects,
+        # Before anything is measured, after a wrap-time look: the start's prediction stands in
+        # for the best measured figure, so the first move is priced (CUDA contexts) as any other.
+        return Standing(best.estimate if best else self._start_pred, self.remaining_collects,
                         self._num_steps * self.executor.num_envs, self._warmup_collects(), self.discount(),
                         self.collects)
 

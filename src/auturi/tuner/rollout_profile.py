@@ -97,3 +97,32 @@ def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, n
         prof = prof.replace(env_step_std=std, env_cpu_fraction=cpu_frac, obs_bytes=int(np.asarray(obs).nbytes),
                             policy_seconds=wall, policy_cpu_seconds=cpu)
     return prof.replace(profile_seconds=time.perf_counter() - t0)
+
+
+def profile_at_wrap(executor: Any, config: Config, num_steps: int, *, batch_sizes: Sequence[int] = (),
+                    devices: Sequence[str] = ("cpu",), cores: int | None = None, env_seconds: float = 0.2,
+                    policy_seconds: float = 0.005) -> Profile | None:
+    """A :class:`Profile` before any collect (the online tuner's wrap-time look on a many-core
+    machine): one env built from ``executor.env_fns[0]`` in this process, stepped for about
+    ``env_seconds`` and closed (the executor's own envs are never touched: the training's data
+    stays the serial loop's), and the policy timed on a copy at ``batch_sizes`` on ``devices``
+    (:func:`~auturi.tuner.profile.time_policy`). None when ``executor`` has no ``env_fns`` or
+    no policy to time. Unlike :func:`profile_from_rollouts`, nothing here ran under the
+    training's load: the figures are one env's and one forward pass's alone."""
+    env_fns = getattr(executor, "env_fns", None)
+    policy = getattr(executor, "policy", None)
+    if not env_fns or policy is None or not hasattr(policy, "act"):
+        return None
+    t0 = time.perf_counter()
+    step, std, cpu_frac, obs = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)), seconds=env_seconds,
+                                        max_steps=500)
+    sizes = sorted(set(batch_sizes) | {config.policy_batch_size})
+    wall: dict[str, dict[int, float]] = {}
+    cpu: dict[str, dict[int, float]] = {}
+    for dev in dict.fromkeys([config.policy_device, *devices]):
+        wall[dev], cpu[dev] = time_policy(policy, obs, sizes, dev, seconds=policy_seconds, max_calls=10)
+    prof = Profile(env_step_seconds=step, env_step_std=std, env_cpu_fraction=cpu_frac,
+                   obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
+                   cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),
+                   num_steps=int(num_steps))
+    return prof.replace(**collect_fields(executor, num_steps), profile_seconds=time.perf_counter() - t0)
