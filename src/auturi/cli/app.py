@@ -89,15 +89,13 @@ Opt = typer.Option
 # less); help lines are short: the details are in docs/cli.md.
 @app.command(cls=HelpCommand, epilog=notes_help(), short_help="Measure layouts for ENV; print the fastest.")
 def tune(
-    env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1; Atari ids such as "
-                                                           "ALE/Pong-v5 get the standard preprocessing: 84x84 "
-                                                           "grayscale, frame skip 4, 4 stacked frames), an EnvPool "
-                                                           "id (envpool:Pong-v5), or module:factory (a callable "
-                                                           "returning a gymnasium.Env).", show_default=False)],
+    env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1; ALE/Pong-v5 gets "
+                                                           "the standard preprocessing), an EnvPool id "
+                                                           "(envpool:Pong-v5), or module:factory (returns a "
+                                                           "gymnasium.Env).", show_default=False)],
     policy: Annotated[str, Opt("--policy", metavar="KIND", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), "
                                                                 "or PATH.zip: a saved SB3 PPO/A2C model.")] = "auto",
-    raw_frames: Annotated[bool, Opt("--raw-frames", help="Atari ids: tune the raw 210x160 RGB frames, without "
-                                                         "the preprocessing.")] = False,
+    raw_frames: Annotated[bool, Opt("--raw-frames", help="Atari ids: the raw 210x160 RGB frames.")] = False,
     num_envs: Annotated[int, Opt("--num-envs", metavar="N", help="Total envs (the search keeps it).")
                         ] = DEFAULT_NUM_ENVS,
     num_steps: Annotated[int, Opt("--num-steps", metavar="T", help="Steps per env per collect: your "
