@@ -42,15 +42,16 @@ def live_children() -> list[psutil.Process]:
     """Children of the test process, less multiprocessing's own long-lived helpers."""
     out = []
     for p in psutil.Process().children(recursive=True):
-        try:
+        try:  # a process that ends while we read it is not left running
             cmd = " ".join(p.cmdline())
+            name = p.name()
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
         except psutil.NoSuchProcess:
             continue
-        if "forkserver" in cmd and "auturi" not in p.name() or "resource_tracker" in cmd:
+        if "forkserver" in cmd and "auturi" not in name or "resource_tracker" in cmd:
             continue
-        if p.name().startswith("auturi") or "multiprocessing" in cmd:
+        if name.startswith("auturi") or "multiprocessing" in cmd:
             out.append(p)
     return out
 
@@ -61,7 +62,7 @@ def no_leaks():
     yield
     assert our_segments() - before == set(), "shared-memory segments or named semaphores leaked"
     left = live_children()
-    assert not left, f"worker processes left running: {[(p.pid, p.name()) for p in left]}"
+    assert not left, f"worker processes left running: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left if p.is_running()]}"
 
 
 @pytest.fixture(scope="module")
