@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import interleave, machine_header, save_and_print, summarize
+from bench.common import ChildRates, interleave, machine_header, save_and_print, summarize
 
 
 def _copy_main(workload: str, num_envs: int, seed: int, conn: Any) -> None:
@@ -52,7 +52,7 @@ def _copy_main(workload: str, num_envs: int, seed: int, conn: Any) -> None:
         ex.close()
 
 
-class Copies:
+class Copies(ChildRates):
     """``copies`` processes, each the serial loop over ``num_envs / copies`` envs; ``run`` has
     them all collect ``collects`` times at once and returns their steps over the wall time
     from the first start to the last end."""
@@ -76,22 +76,8 @@ class Copies:
                 raise RuntimeError("a copy failed to start")
 
     def run(self, num_steps: int) -> float:
-        for c in self.conns:
-            c.send(self.collects)
-        res = [c.recv() for c in self.conns]
-        return sum(r[0] for r in res) / (max(r[2] for r in res) - min(r[1] for r in res))
+        return self._rate(self.collects)
 
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
 
 
 class _Repeat:

@@ -128,3 +128,32 @@ def paired_ratios(base: dict, other: dict) -> dict[str, float] | None:
         return None
     return {"geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)), "min": min(ratios),
             "max": max(ratios), "n": len(ratios)}
+
+
+class ChildRates:
+    """Child processes on pipes (``procs``, ``conns``, started by the subclass), each of which
+    answers a request with ``(steps, t0, t1)``: :meth:`_rate` is the steps of all of them over
+    the span they all ran; :meth:`close` ends them (asked, then killed after 30 s)."""
+
+    procs: list
+    conns: list
+
+    def _rate(self, request: Any) -> float:
+        for c in self.conns:
+            c.send(request)
+        res = [c.recv() for c in self.conns]
+        return sum(r[0] for r in res) / (max(r[2] for r in res) - min(r[1] for r in res))
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self.conns:
+            c.close()

@@ -50,7 +50,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import interleave, machine_header, save_and_print, summarize
+from bench.common import ChildRates, interleave, machine_header, save_and_print, summarize
 
 
 def layouts(n: int, sim_cores: int, quick: bool, overlap: bool = False) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def _free_main(env_fn: Any, num_envs: int, seed: int, conn: Any) -> None:
             e.close()
 
 
-class FreeEnvs:
+class FreeEnvs(ChildRates):
     """The envs alone: ``procs`` processes each stepping its share of the envs as fast as they
     go, with no policy and no barrier between them (the envs' wall-clock rate if inference
     and synchronisation cost nothing). ``run`` has them all step ``num_steps`` rows at once and
@@ -139,22 +139,8 @@ class FreeEnvs:
                 raise RuntimeError("a free-running env process failed to start")
 
     def run(self, num_steps: int) -> float:
-        for c in self.conns:
-            c.send(num_steps)
-        res = [c.recv() for c in self.conns]
-        return sum(r[0] for r in res) / (max(r[2] for r in res) - min(r[1] for r in res))
+        return self._rate(num_steps)
 
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
 
 
 class _Timed:

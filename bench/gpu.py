@@ -45,7 +45,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from bench.common import summarize
+from bench.common import ChildRates, summarize
 
 try:
     # At import, as a user's training script does: SB3's SubprocVecEnv workers (forkserver,
@@ -328,7 +328,7 @@ def _ceiling_main(make_env: Callable[[], Any], num_envs: int, seed: int, conn: A
             e.close()
 
 
-class Ceiling:
+class Ceiling(ChildRates):
     """The envs alone: ``procs`` processes (one per core), each stepping its share of the
     envs with random actions, all at once, nothing shared; ``run`` returns their steps over
     the wall time from the first start to the last end (bench/ceiling.py's way, without a
@@ -356,24 +356,8 @@ class Ceiling:
         self.settings = {"processes": procs, "envs_per_process": shares}
 
     def run(self, num_steps: int) -> float:
-        for c in self.conns:
-            c.send(num_steps)
-        res = [c.recv() for c in self.conns]
-        return sum(r[0] for r in res) / (max(r[2] for r in res) - min(r[1] for r in res))
+        return self._rate(num_steps)
 
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(None)
-            except OSError:
-                pass
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for c in self.conns:
-            c.close()
 
 
 def _policy(s: dict[str, Any], device: str) -> Any:
