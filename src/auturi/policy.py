@@ -80,6 +80,10 @@ class Policy(Protocol):
     # Optional: ``needs_torch = False`` for a policy that never imports torch: when the caller
     # has imported torch, the ``shm`` backend otherwise starts a forkserver that imports it
     # (seconds of a core) to fork replicas from.
+    # Optional: ``load_state_copies = True`` for a policy whose ``load_state`` copies the
+    # values into its own storage and keeps no reference to (or view of) the arrays it got:
+    # replicas then load straight from the shared weights block, with no private copy first
+    # (for any other policy the ``shm`` backend copies the state out of it before the load).
 
 
 class _StatelessPolicy:
@@ -87,6 +91,7 @@ class _StatelessPolicy:
 
     noise_dim = 0
     needs_torch = False
+    load_state_copies = True  # loads nothing, keeps nothing
 
     def get_state(self) -> dict[str, np.ndarray]:
         return {}
@@ -227,12 +232,18 @@ class TorchPolicy:
         if self._model is not None:
             self._model.to(torch.device(device))
 
+    load_state_copies = True  # load_state_dict copies into the parameters and keeps nothing
+
     def get_state(self) -> dict[str, np.ndarray]:
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        # One copy to the host whatever the device (.cpu().numpy().copy() made two off the CPU).
+        return {k: v.detach().to("cpu", copy=True).numpy() for k, v in self.model.state_dict().items()}
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         import torch
 
+        # torch.as_tensor wraps a numpy array without a copy: load_state_dict's one copy_ per
+        # tensor goes from the given arrays (views of the shared block in a replica) straight
+        # into the parameters, host to device for a model on CUDA.
         self.model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> PolicyOutput:

@@ -211,10 +211,17 @@ class Executor(abc.ABC):
         return rollout
 
     def set_policy_state(self, state: Mapping[str, Any]) -> None:
-        """Send new weights to every replica; they take effect from the next collect."""
+        """Send new weights to every replica; they take effect from the next collect.
+
+        Values are numpy arrays or torch tensors (a ``state_dict()``, on any device): a tensor
+        comes to the host here, once per update however many replicas load it (the SB3 face
+        hands numpy, already on the host: ``ModelViews.arrays``)."""
         self._check_open()
         self._weights_version += 1
-        self._publish_weights({k: np.asarray(v) for k, v in state.items()}, self._weights_version)
+        # Duck-typed, so this module never imports torch: .detach() for a tensor that requires
+        # grad, .cpu() a no-op for one on the CPU (its .numpy() a view, copied when published).
+        self._publish_weights({k: v.detach().cpu().numpy() if hasattr(v, "detach") and hasattr(v, "cpu")
+                               else np.asarray(v) for k, v in state.items()}, self._weights_version)
 
     def close(self) -> None:
         """End every worker and free every buffer. Idempotent."""

@@ -116,7 +116,9 @@ class OffPolicyAdapter(ReplicaNet):
         super().load_state(state)
         for key in self.settings:
             if STATE_PREFIX + key in state:
-                value = np.asarray(state[STATE_PREFIX + key])
+                # A copy: the state's arrays may be views of the shared block, rewritten at the
+                # next publish (the class loads with load_state_copies).
+                value = np.array(state[STATE_PREFIX + key])
                 self.settings[key] = float(value.reshape(-1)[0]) if key in ("warmup", "epsilon") else value
 
     def act(self, obs: np.ndarray, noise: np.ndarray):

@@ -5,7 +5,7 @@ Nothing here imports torch or SB3 at import time: env workers unpickle the adapt
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -57,6 +57,9 @@ class ReplicaNet:
 
     # Imported once in the forkserver replicas fork from, not in each replica process.
     preload_modules = ("stable_baselines3.common.policies",)
+    # load_state copies into the network's tensors and keeps no array it gets (the statistics
+    # are copied too): replicas load straight from the shared weights block.
+    load_state_copies = True
 
     def __init__(self, policy_class: type, observation_space: gym.Space, action_space: gym.Space,
                  policy_kwargs: Mapping[str, Any], *, learning_rate: float = 0.0,
@@ -145,7 +148,7 @@ class ReplicaNet:
         import torch
 
         if self._shared is not None:
-            if _device_of(self._shared) == torch.device(device):
+            if _device_of(self._shared) == _indexed(torch.device(device)):
                 self.device = device
                 return
             self._unshare()
@@ -157,8 +160,10 @@ class ReplicaNet:
             self.net  # noqa: B018 - builds on self.device
 
     def get_state(self) -> dict[str, np.ndarray]:
-        state = {k: v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items()
-                 if k.startswith(self.state_prefix)}
+        # One copy to the host whatever the device (.cpu().numpy().copy() made two off the CPU),
+        # each tensor once (see distinct_tensors).
+        state = {k: v.detach().to("cpu", copy=True).numpy() for k, v in distinct_tensors(
+            (k, v) for k, v in self.net.state_dict(keep_vars=True).items() if k.startswith(self.state_prefix))}
         if self._obs_mean is not None:
             state[STATE_PREFIX + "obs_mean"] = self._obs_mean.copy()
             state[STATE_PREFIX + "obs_var"] = self._obs_var.copy()
@@ -175,7 +180,11 @@ class ReplicaNet:
         if slots is not None and slots.keys() == weights.keys():
             # The same names as last time (every collect, off-policy every step): copy the
             # values into the tensors in place; load_state_dict's checks and module walk cost
-            # ~250 us a collect, more than a 1-step collect's own overhead.
+            # ~250 us a collect, more than a 1-step collect's own overhead. torch.as_tensor
+            # wraps the array (in a replica: a view of the shared block) without a copy, so
+            # each value is copied once, straight into the parameter: host to host on the
+            # CPU, one host-to-device copy on CUDA (synchronous from pageable memory, so the
+            # block may be rewritten as soon as this returns).
             with torch.no_grad():
                 for k, v in weights.items():
                     src = torch.as_tensor(np.asarray(v))
@@ -184,8 +193,11 @@ class ReplicaNet:
                     slots[k].copy_(src)
                 else:
                     return
-        # With a prefix the state holds the acting part only (the critic never travels).
-        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()},
+        # With a prefix the state holds the acting part only (the critic never travels). The
+        # state holds each tensor once (see distinct_tensors): its other names here get the
+        # same array, so a strict load still finds every key it expects.
+        full = _with_aliases(self.net, weights)
+        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in full.items()},
                                  strict=not self.state_prefix)
         sd = self.net.state_dict()  # tensors that share the parameters' storage
         self._slots = {k: sd[k] for k in weights if k in sd}
@@ -307,6 +319,22 @@ def _device_of(policy: Any) -> Any:
     return next((p.device for p in policy.parameters()), torch.device("cpu"))
 
 
+def _indexed(device: Any) -> Any:
+    """``device`` with the current CUDA device's index when it names none: a model's parameters
+    report ``cuda:0``, and ``torch.device("cuda") != torch.device("cuda:0")`` (a CUDA model's
+    shared policy was rebuilt beside it, each update a device-host-device round trip).
+
+    >>> import torch
+    >>> _indexed(torch.device("cpu"))
+    device(type='cpu')
+    """
+    import torch
+
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class ModelViews:
     """The model's tensors under ``prefix`` (from one ``state_dict()``) and, on the CPU, numpy
     views of them: publishing reads the live values with no copy and no module walk.
@@ -327,25 +355,87 @@ class ModelViews:
         self.policy = policy
         # The live parameters and buffers, not state_dict's detached copies of them: an
         # assignment of .data changes the parameter's storage, never the detached tensor's.
-        self.tensors = [(k, _live(policy, k, v)) for k, v in policy.state_dict().items() if k.startswith(prefix)]
+        self.tensors = distinct_tensors((k, _live(policy, k, v)) for k, v in policy.state_dict().items()
+                                        if k.startswith(prefix))
         self._live = [v for _, v in self.tensors]  # (read twice a collect: a flat list is the cheapest walk)
         self.ptrs = [v.data_ptr() for v in self._live]
         # Held, the storage seen here stays alive: new storage never gets one of these addresses.
         self._held = [v.detach() for _, v in self.tensors]
         self.views = ({k: v.detach().numpy() for k, v in self.tensors}
                       if all(v.device.type == "cpu" for _, v in self.tensors) else None)
+        self._host: list[Any] | None = None  # off the CPU: host buffers the values are copied into
 
     def valid(self, policy: Any) -> bool:
         return policy is self.policy and [v.data_ptr() for v in self._live] == self.ptrs
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The weights: views of the live tensors on the CPU (as ``.numpy()`` gave before), copies elsewhere."""
+        """The weights: views of the live tensors on the CPU (as ``.numpy()`` gave before);
+        elsewhere, host copies made now, in buffers the next call overwrites (a reader copies
+        what it keeps, as it must from the live views: the executor's publish does)."""
         if self.views is not None:
             return dict(self.views)
-        return {k: v.detach().cpu().numpy() for k, v in self.tensors}
+        return self._to_host()
+
+    def _to_host(self) -> dict[str, np.ndarray]:
+        """One device-to-host copy per tensor per publish (not per replica), into buffers
+        allocated once, pinned for CUDA tensors so the copies are queued together on the
+        tensors' streams and waited for once (``.cpu()`` made a pageable buffer and waited
+        for each tensor, every publish)."""
+        import torch
+
+        if self._host is None:
+            pin = torch.cuda.is_available()
+            self._host = [torch.empty(v.shape, dtype=v.dtype, pin_memory=pin and v.device.type == "cuda")
+                          for _, v in self.tensors]
+        streams = {}
+        with torch.no_grad():
+            for (_, v), h in zip(self.tensors, self._host):
+                if v.device.type == "cuda" and h.is_pinned():
+                    # Queued on the stream the training wrote on: the copy sees its last update.
+                    stream = torch.cuda.current_stream(v.device)
+                    streams[stream.cuda_stream, v.device.index] = stream
+                    h.copy_(v.detach(), non_blocking=True)
+                else:
+                    h.copy_(v.detach())  # synchronous: done when it returns
+        for stream in streams.values():
+            stream.synchronize()  # the values are in the host buffers before anyone reads them
+        return {k: h.numpy() for (k, _), h in zip(self.tensors, self._host)}
 
     def token(self) -> tuple:
         return self.generation, tuple([v._version for v in self._live])
+
+
+def distinct_tensors(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Each tensor once, under its first name. A module registered under several names is in
+    a ``state_dict`` once per name: SB3's shared features extractor is ``features_extractor``,
+    ``pi_features_extractor`` and ``vf_features_extractor``, so a ``CnnPolicy``'s state holds
+    the Nature CNN three times (5.1M values for 1.7M parameters), and each would be published,
+    copied to the host and loaded into the same storage three times. ``named``: pairs whose
+    values are the modules' own parameters and buffers (``state_dict(keep_vars=True)``, or
+    :func:`_live`), so one tensor under two names is one object."""
+    seen: set[int] = set()
+    out = []
+    for k, v in named:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append((k, v))
+    return out
+
+
+def _with_aliases(module: Any, weights: Mapping[str, Any]) -> dict[str, Any]:
+    """``weights`` plus, for each name of ``module``'s state that ``weights`` lacks, the array
+    of another name of the same tensor (the names :func:`distinct_tensors` dropped). A name
+    with no such twin stays missing, for ``load_state_dict`` to report."""
+    full = dict(weights)
+    names: dict[int, list[str]] = {}
+    for k, v in module.state_dict(keep_vars=True).items():
+        names.setdefault(id(v), []).append(k)
+    for group in names.values():
+        given = next((k for k in group if k in weights), None)
+        if given is not None:
+            for k in group:
+                full.setdefault(k, weights[given])
+    return full
 
 
 def _live(module: Any, name: str, fallback: Any) -> Any:

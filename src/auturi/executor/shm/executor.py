@@ -482,8 +482,9 @@ class ShmExecutor(Executor):
             self.policy.to(plan.config.policy_device)
             if self._caller_weights_version != self._weights_version and self._weights is not None:
                 # Weights published while the policy ran only in other processes never reached
-                # the caller's copy: load the current ones before it acts.
-                self.policy.load_state(WeightsBlock.read(self._weights.name))
+                # the caller's copy: load the current ones before it acts (from this process's
+                # own mapping of the block, in place for a policy whose load copies them).
+                WeightsBlock.load_into(self.policy, self._weights.arrays)
                 self._caller_weights_version = self._weights_version
             host.local_policy.weights_version = self._weights_version
         if self._block is not None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop, slice_stepper
-from auturi.executor.buffers import ArrayBlock, WeightsBlock, make_layout
+from auturi.executor.buffers import ArrayBlock, make_layout
 from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
@@ -37,12 +37,15 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NU
 
 
 def sync_policy_weights(runner: PolicyRunner, ctrl: ArrayBlock) -> None:
-    """Load the published weights if a newer version is out (one int compare otherwise)."""
+    """Load the published weights if a newer version is out (one int compare otherwise: a
+    replica whose version is current copies nothing). The values go from the shared block
+    straight into the policy's parameters (``PolicyRunner.load_published``), with no private
+    host copy first unless the policy keeps what it loads (``WeightsBlock.load_into``)."""
     version = int(ctrl["hdr"][WEIGHTS_VERSION])
     if version != runner.weights_version:
         name = read_name(ctrl, 1)
         if name:
-            runner.load(WeightsBlock.read(name), version)
+            runner.load_published(name, version)
         else:
             runner.weights_version = version
 
