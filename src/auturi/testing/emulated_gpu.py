@@ -121,6 +121,7 @@ class EmulatedDevicePolicy:
 
     noise_dim = 1
     needs_torch = False
+    load_state_copies = True  # load_state copies both arrays and keeps nothing it gets
 
     def __init__(self, num_actions: int = 6, profile: str | DeviceProfile = "h200-nature-cnn",
                  time_scale: float = 1.0, context_seconds: float | None = None, report_process: bool = False,
