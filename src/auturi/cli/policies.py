@@ -17,20 +17,27 @@ __all__ = ["build_policy", "env_note", "probe_spaces", "resolve_env_spec", "sb3_
 
 def resolve_env_spec(spec: str, raw_frames: bool = False) -> Any:
     """What ``make_executor`` takes for the ENV argument: a gymnasium id (``ALE/Pong-v5``
-    imports ``ale_py``), an EnvPool id (``envpool:Pong-v5``), ``module:factory`` (a callable
+    imports ``ale_py``), an EnvPool id (``envpool:Pong-v5``), an ALE vector env id
+    (``ale:pong``, ale-py's ``AtariVectorEnv``), ``module:factory`` (a callable
     returning a ``gymnasium.Env``), or gymnasium's own ``module:Env-v0`` spelling, returned
     as is so that every worker imports the module before ``gym.make``.
 
     An Atari id (made by ale-py) becomes :class:`auturi.envs.atari.AtariPreprocessed`: the
     preprocessing and frame stack Atari agents train on, unless ``raw_frames``."""
-    from auturi.envs import ENVPOOL_PREFIX
+    from auturi.envs import ALE_PREFIX, ENVPOOL_PREFIX
 
     spec = spec.strip()
     if not spec:
-        fail("ENV is empty: pass a gymnasium id (CartPole-v1), envpool:TASK or module:factory")
+        fail("ENV is empty: pass a gymnasium id (CartPole-v1), envpool:TASK, ale:GAME or module:factory")
     if spec.startswith(ENVPOOL_PREFIX):
         if importlib.util.find_spec("envpool") is None:
             fail(f"{spec} needs EnvPool, which is not installed: pip install envpool (or 'auturi[envpool]')")
+        return spec
+    if spec.startswith(ALE_PREFIX):  # before module:factory: no module is named "ale"
+        from auturi.envs.ale_vector import INSTALL, ale_vector_available
+
+        if not ale_vector_available():
+            fail(f"{spec} needs ale-py's AtariVectorEnv (ale-py >= 0.11), which is not installed: {INSTALL}")
         return spec
     if ":" not in spec:
         return spec if raw_frames else _atari_preprocessed(spec)
@@ -109,7 +116,7 @@ def probe_spaces(env: Any) -> tuple[Any, Any]:
         msg = one_line(str(e))
         if msg.startswith("unknown gymnasium env id"):
             msg = msg.split(" Register it")[0] + (" Check the spelling, or pass ENV as module:factory (a callable "
-                                                  "returning a gymnasium.Env), or envpool:TASK.")
+                                                  "returning a gymnasium.Env), envpool:TASK or ale:GAME.")
         elif msg.startswith("unknown EnvPool task id"):
             msg += " List them with: python -c 'import envpool; print(envpool.list_all_envs())'"
         fail(msg)

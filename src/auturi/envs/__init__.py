@@ -1,9 +1,11 @@
 """Where envs come from: the env sources an executor takes.
 
 An executor takes ``env`` as a gymnasium id (``"CartPole-v1"``), an EnvPool id
-(``"envpool:Pong-v5"``), one ``Callable[[], gymnasium.Env]`` used for every env, or a list of
-them, one per env. :func:`resolve_env_fns` turns the first, third and fourth into one factory per
-env; factories travel to worker processes with cloudpickle, so lambdas work.
+(``"envpool:Pong-v5"``), an ALE game stepped by ale-py's ``AtariVectorEnv`` (``"ale:pong"`` or
+``"ale:Pong-v5"``), one ``Callable[[], gymnasium.Env]`` used for every env, or a list of them,
+one per env. :func:`resolve_env_fns` turns each into one factory per env (for the two prefixes,
+a source whose ``make_runner`` the executor uses); factories travel to worker processes with
+cloudpickle, so lambdas work.
 
 Ids that a module registers when imported work in the caller and in every worker: gymnasium's
 ``"module:Env-v0"`` spelling (the module is imported here and again in each worker before
@@ -17,9 +19,10 @@ gym.make("ALE/Pong-v5")`` works there too; gymnasium 1.x loads no plugins by its
 says what to do when the env's id is unknown there; in every process it shows a warning
 raised while making the env once per process tree (:mod:`auturi.envs.base`).
 
-The package's modules, by role: :mod:`auturi.envs.base` (the EnvPool id prefix and
-:func:`env_seed`, which every source shares), :mod:`auturi.envs.envpool` (EnvPool's source and
-runner) and :mod:`auturi.envs.testing` (the test envs, re-exported here as before:
+The package's modules, by role: :mod:`auturi.envs.base` (the id prefixes and :func:`env_seed`,
+which every source shares), :mod:`auturi.envs.envpool` (EnvPool's source and runner),
+:mod:`auturi.envs.ale_vector` (ale-py's ``AtariVectorEnv`` source and runner) and
+:mod:`auturi.envs.testing` (the test envs, re-exported here as before:
 ``from auturi.envs import CountingEnv``).
 
 This package must not import torch: env workers import it.
@@ -34,7 +37,9 @@ from typing import Any, Callable, Sequence, Union
 
 import gymnasium as gym
 
+from auturi.envs.ale_vector import AleVectorSource
 from auturi.envs.base import (
+    ALE_PREFIX,
     ENVPOOL_PREFIX,
     MuJoCoWarning,
     env_seed,
@@ -56,8 +61,8 @@ from auturi.envs.testing import (
 )
 
 __all__ = [
-    "EnvFn", "EnvLike", "ENVPOOL_PREFIX", "EnvPoolSource", "ID_PROVIDERS", "MuJoCoWarning", "ProcessTreeEnvFn",
-    "env_seed", "find_env_id", "is_envpool", "resolve_env_fns",
+    "ALE_PREFIX", "AleVectorSource", "EnvFn", "EnvLike", "ENVPOOL_PREFIX", "EnvPoolSource", "ID_PROVIDERS",
+    "MuJoCoWarning", "ProcessTreeEnvFn", "env_seed", "find_env_id", "is_ale_vector", "is_envpool", "resolve_env_fns",
     "ACTION_SPACES", "ActionDtypeEnv", "CountingEnv", "FaultyEnv", "HeavyTailEnv", "LargeObsEnv", "SlowEnv",
 ]
 
@@ -213,11 +218,18 @@ def is_envpool(env: EnvLike) -> bool:
     return isinstance(env, str) and env.startswith(ENVPOOL_PREFIX)
 
 
+def is_ale_vector(env: EnvLike) -> bool:
+    """Whether ``env`` is an ``"ale:GAME"`` id (ale-py's ``AtariVectorEnv``)."""
+    return isinstance(env, str) and env.startswith(ALE_PREFIX)
+
+
 def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> list[EnvFn]:
     """One factory per env. ``num_envs`` may be None only when ``env`` is a list."""
     if isinstance(env, str):
         if is_envpool(env):
             return [EnvPoolSource(env[len(ENVPOOL_PREFIX):], **make_kwargs)] * _need(num_envs)
+        if is_ale_vector(env):
+            return [AleVectorSource(env[len(ALE_PREFIX):], **make_kwargs)] * _need(num_envs)
         env_id, module = find_env_id(env)
         fns: list[EnvFn] = [_MakeById(env_id, make_kwargs, module)] * _need(num_envs)
     elif callable(env):
@@ -228,14 +240,14 @@ def resolve_env_fns(env: EnvLike, num_envs: int | None, **make_kwargs: Any) -> l
         if num_envs is not None and num_envs != len(fns):
             raise ValueError(f"num_envs={num_envs} but {len(fns)} env factories were given; pass one per env")
     else:
-        raise TypeError(f"env must be a gymnasium id, an EnvPool id ('envpool:Pong-v5'), a factory "
-                        f"returning a gymnasium.Env, or a list of them; got {env!r}")
+        raise TypeError(f"env must be a gymnasium id, an EnvPool id ('envpool:Pong-v5'), an ALE vector env id "
+                        f"('ale:pong'), a factory returning a gymnasium.Env, or a list of them; got {env!r}")
     return fns
 
 
 def _in_tree(fn: EnvFn) -> EnvFn:
-    """``fn`` as a :class:`ProcessTreeEnvFn`; a source with its own runner (EnvPool's, whose
-    ``make_runner`` the executor looks for) and one already wrapped are left as they are."""
+    """``fn`` as a :class:`ProcessTreeEnvFn`; a source with its own runner (EnvPool's and the
+    ALE vector env's, whose ``make_runner`` the executor looks for) and one already wrapped are left as they are."""
     if isinstance(fn, ProcessTreeEnvFn) or hasattr(fn, "make_runner"):
         return fn
     return ProcessTreeEnvFn(fn)

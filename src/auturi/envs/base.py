@@ -1,8 +1,8 @@
-"""What every env-source module shares: the EnvPool id prefix, the seed of env ``i``, and how
-warnings raised while making envs are shown once per process tree.
+"""What every env-source module shares: the EnvPool and ALE vector env id prefixes, the seed of
+env ``i``, and how warnings raised while making envs are shown once per process tree.
 
-Below :mod:`auturi.envs` and :mod:`auturi.envs.envpool`, which both read it, so neither
-imports the other back. This module must not import torch: env workers import it.
+Below :mod:`auturi.envs`, :mod:`auturi.envs.envpool` and :mod:`auturi.envs.ale_vector`, which
+all read it, so none imports another back. This module must not import torch: env workers import it.
 
 Warnings, once per process tree (the owner, the process that made the executor, and every
 worker it started): an executor makes the same env in its owner (the probe, the envs a
@@ -35,11 +35,15 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 ENVPOOL_PREFIX = "envpool:"
+ALE_PREFIX = "ale:"
+"""``"ale:pong"`` / ``"ale:Pong-v5"``: the game stepped by ale-py's ``AtariVectorEnv``
+(:mod:`auturi.envs.ale_vector`). No module is named ``ale`` (ale-py's is ``ale_py``), so the
+prefix cannot be gymnasium's ``module:Env-v0`` spelling."""
 
 
 def env_seed(seed: int, env_index: int, generation: int) -> int:
@@ -199,3 +203,18 @@ def routing_mujoco_warnings() -> Iterator[None]:
         if hook is not None:
             with contextlib.suppress(ValueError):
                 sys.meta_path.remove(hook)
+
+
+def one_source(source: Any, env_ids: Sequence[int], cls: type, runner: str) -> Any:
+    """``source`` itself (a ``cls``, or a task id ``cls`` takes), or -- so a vector-env runner
+    (EnvPool's, ale-py's) also takes EnvRunner's ``env_fns`` -- the one ``cls`` that a list of
+    per-env factories holds for ``env_ids``. ``runner`` names the runner in the error."""
+    if isinstance(source, str):
+        return cls(source)
+    if isinstance(source, cls):
+        return source
+    if isinstance(source, Sequence):
+        picked = [source[i] for i in env_ids]
+        if all(isinstance(s, cls) for s in picked) and all(s == picked[0] for s in picked):
+            return picked[0]
+    raise TypeError(f"{runner} needs an {cls.__name__} (or one per env, all equal), got {source!r}")

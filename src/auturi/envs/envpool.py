@@ -66,7 +66,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from auturi.envs.base import ENVPOOL_PREFIX, env_seed
+from auturi.envs.base import ENVPOOL_PREFIX, env_seed, one_source
 
 # make kwargs the adapter sets itself
 _RESERVED = frozenset({"num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset_return_info",
@@ -280,17 +280,7 @@ class EnvPoolEnv(gym.Env):
 
 
 def _as_source(source: Any, env_ids: Sequence[int]) -> EnvPoolSource:
-    """``source`` itself, or -- so the runner also takes EnvRunner's ``env_fns`` -- the one
-    EnvPoolSource that a list of per-env factories holds for ``env_ids``."""
-    if isinstance(source, str):
-        return EnvPoolSource(source)
-    if isinstance(source, EnvPoolSource):
-        return source
-    if isinstance(source, Sequence):
-        picked = [source[i] for i in env_ids]
-        if all(isinstance(s, EnvPoolSource) for s in picked) and all(s == picked[0] for s in picked):
-            return picked[0]
-    raise TypeError(f"EnvPoolRunner needs an EnvPoolSource (or one per env, all equal), got {source!r}")
+    return one_source(source, env_ids, EnvPoolSource, "EnvPoolRunner")
 
 
 class _PoolIO:
