@@ -8,15 +8,19 @@ measured steps/s for CUDA layouts, on
   search refits after each measurement. Nothing is run;
 - ``emulated``: the emulated GPU box on this machine (:func:`auturi.testing.emulated_box`,
   ``pong-like`` and ``straggler`` steps, 32 envs, time scale 4 as ``bench.emulated_gpu``):
-  the tuner's own profiling (:func:`~auturi.tuner.profile.profile_executor`) then a few CUDA
-  layouts measured in interleaved rounds, each against the profile-only prediction (what
-  the model strategy ranks with before any measurement).
+  the tuner's own profiling (:func:`~auturi.tuner.profile.profile_executor`) then ten CUDA
+  layouts (:func:`emulated_layouts`: five lockstep, five in the overlapped loop) measured in
+  interleaved rounds, each against the profile-only prediction (what the model strategy
+  ranks with before any measurement), with the loop it ran and its actors' blocked share.
 
 Run: python -m bench.model_check [--skip-emulated] [--profiles pong-like straggler] [--rounds 3]
      [--out bench/results/model_check.json]
-A run of the emulated part takes about 2-3 minutes on 2 cores. The numbers are printed and
-saved; nothing is asserted (the unit tests in ``tests/test_tuner_gpu_model.py`` check the
-model deterministically on the record's figures).
+     python -m bench.model_check --recheck bench/results/model_check.json --out /tmp/recheck.json
+A run of the emulated part takes about 2-3 minutes on 2 cores (10 layouts, two profiles;
+2m13s on 2026-11-26 at load 3-6); ``--recheck`` runs nothing: it redoes the predictions of a
+saved run with the model as it is now. The numbers are printed and saved; nothing is asserted
+(the unit tests in ``tests/test_tuner_gpu_model.py`` check the model deterministically on the
+record's figures and on this bench's measurements).
 """
 from __future__ import annotations
 
@@ -33,8 +37,17 @@ RECORD = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "
 
 
 def real_box(path: str) -> dict:
-    """Predictions from the GPU box's recorded profile for every measured config."""
+    """Predictions from the GPU box's recorded profile for every measured config.
+
+    The record (project at be1db39) predates the executor's overlapped loop: its one layout
+    that would run overlapped now (1 x 64, degree 32, 4 replicas of batch 8) ran in the
+    general loop, so every row is predicted, and the fits made, as the loop it ran in; for
+    the layouts that overlap now, ``overlapped_forecast`` is the current model's prediction
+    in the overlapped loop (fitted to all), a forecast no measurement has checked yet."""
+    from unittest import mock
+
     from auturi import Config
+    from auturi.tuner import profile as model
     from auturi.tuner.profile import Profile, fit_overheads, predict
 
     with open(path) as f:
@@ -42,32 +55,65 @@ def real_box(path: str) -> dict:
     prof = Profile.from_dict(rec["strategy"]["profile"])
     trials = [(Config.from_dict(t["config"]), float(t["median"]), t.get("predicted"))
               for t in rec["trials"] if t.get("status") == "ok" and t.get("median")]
+    now_overlapped = {c for c, _, _ in trials if model.overlaps(c)}
     measured = [(c, m) for c, m, _ in trials]
     held = [(c, m) for c, m in measured if c.env_parallel_degree != 16]
-    fit_held, fit_all = fit_overheads(prof, held), fit_overheads(prof, measured)
+    with mock.patch.object(model, "overlaps", lambda config: False):  # the loops the record ran
+        fit_held, fit_all = fit_overheads(prof, held), fit_overheads(prof, measured)
+        rows = [{"config": str(c), "measured": m, "recorded_prediction": p, "profile": predict(c, prof),
+                 "held_out_fit": predict(c, fit_held), "held_out": c.env_parallel_degree == 16,
+                 "all_fit": predict(c, fit_all)} for c, m, p in trials]
+    for (c, _, _), row in zip(trials, rows):
+        row["overlapped_forecast"] = predict(c, fit_all) if c in now_overlapped else None
     keys = ("loaded_step_factor", "device_share", "contention", "ipc_seconds", "actor_collect_seconds",
             "env_worker_collect_seconds", "replica_collect_seconds")
-    rows = [{"config": str(c), "measured": m, "recorded_prediction": p, "profile": predict(c, prof),
-             "held_out_fit": predict(c, fit_held), "held_out": c.env_parallel_degree == 16,
-             "all_fit": predict(c, fit_all)} for c, m, p in trials]
     return {"record": os.path.abspath(path), "rows": rows,
             "fitted_held_out": {k: getattr(fit_held, k) for k in keys},
             "fitted_all": {k: getattr(fit_all, k) for k in keys}}
 
 
+def emulated_layouts(n: int) -> dict[str, Any]:
+    """The CUDA layouts measured on the emulated box for ``n`` envs: lockstep ones (one batch
+    of all the actor's envs) and overlapped ones (``ActorPlan.overlap``: several batches or
+    replicas, env workers; those of ``bench.emulated_gpu --overlap``), named as its table."""
+    from auturi import Config
+
+    h, q = n // 2, n // 4
+    return {f"1x{n}_d8": Config(1, n, 8, 1, "cuda", n), f"1x{n}_d16": Config(1, n, 16, 1, "cuda", n),
+            f"2x{h}_d8": Config(2, h, 8, 1, "cuda", h), f"4x{q}_d4": Config(4, q, 4, 1, "cuda", q),
+            f"2x{h}_d16": Config(2, h, 16, 1, "cuda", h),
+            # overlapped: two batches in the actor, two or four replicas, two actors with two each
+            f"1x{n}_d16_b{h}": Config(1, n, 16, 1, "cuda", h),
+            f"1x{n}_d16_2rep_b{h}": Config(1, n, 16, 2, "cuda", h),
+            f"1x{n}_d{n}_2rep_b{h}": Config(1, n, n, 2, "cuda", h),
+            f"1x{n}_d{n}_4rep_b{q}": Config(1, n, n, 4, "cuda", q),
+            f"2x{h}_d16_2rep_b{q}": Config(2, h, 16, 2, "cuda", q)}
+
+
 def emulated(profile: str, num_envs: int, num_steps: int, time_scale: float, rounds: int, collects: int) -> dict:
-    """Profile the emulated box as the tuner does, then measure a few CUDA layouts."""
+    """Profile the emulated box as the tuner does, then measure the CUDA layouts of
+    :func:`emulated_layouts`; each row keeps the actor loop it ran and the share of the
+    collect its actors spent blocked (``wait_share``), and the profile is saved whole, so the
+    model can be re-checked against these measurements without running them again."""
     import auturi
     from auturi import Config
     from auturi.testing.emulated_gpu import emulated_box
     from auturi.tuner.profile import predict, profile_executor
+    from bench.emulated_gpu import loop_of
     from bench.peers import AuturiRunner
 
     n = num_envs
-    layouts = {"1x{n}_d8".format(n=n): Config(1, n, 8, 1, "cuda", n),
-               "1x{n}_d16".format(n=n): Config(1, n, 16, 1, "cuda", n),
-               "2x{h}_d8".format(h=n // 2): Config(2, n // 2, 8, 1, "cuda", n // 2),
-               "4x{q}_d4".format(q=n // 4): Config(4, n // 4, 4, 1, "cuda", n // 4)}
+    layouts = emulated_layouts(n)
+    waits: dict[str, list[float]] = {k: [] for k in layouts}
+
+    def sample(name: str, r: Any) -> float:
+        steps = seconds = wait = 0.0
+        for _ in range(collects):
+            st = r.ex.collect(num_steps).stats
+            steps, seconds, wait = steps + st.steps, seconds + st.seconds, wait + st.wait_seconds
+        waits[name].append(wait / (seconds * r.config.num_actors))
+        return steps / seconds
+
     with emulated_box(profile, time_scale=time_scale, context_seconds=0.0) as box:
         with auturi.make_executor(box.env, box.policy(), num_envs=n, config=Config.serial(n, "cuda"),
                                   backend="shm") as ex:
@@ -77,22 +123,21 @@ def emulated(profile: str, num_envs: int, num_steps: int, time_scale: float, rou
         try:
             for name, cfg in layouts.items():
                 runners[name] = AuturiRunner(box.env, box.policy(), n, cfg, warmup_steps=num_steps)
-            samples = interleave(runners, rounds,
-                                 lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
-                                 progress=lambda s: print(f"{profile}: {s}", flush=True))
+            samples = interleave(runners, rounds, sample, progress=lambda s: print(f"{profile}: {s}", flush=True))
         finally:
             for r in runners.values():
                 r.close()
     rows = []
     for name, cfg in layouts.items():
         m = summarize(samples[name])
-        rows.append({"name": name, "config": str(cfg), "measured": m["median"], "samples": samples[name],
-                     "predicted": predict(cfg, prof)})
+        rows.append({"name": name, "config": str(cfg), "config_dict": cfg.to_dict(), "loop": loop_of(cfg),
+                     "measured": m["median"], "samples": samples[name],
+                     "wait_share": sorted(waits[name])[len(waits[name]) // 2], "predicted": predict(cfg, prof)})
     return {"profile": profile, "profiled": {"env_step_seconds": prof.env_step_seconds,
                                              "env_step_std": prof.env_step_std,
                                              "env_cpu_fraction": prof.env_cpu_fraction,
                                              "cuda": prof.policy_seconds.get("cuda")},
-            "rows": rows}
+            "profile_dict": prof.to_dict(), "load": os.getloadavg(), "rows": rows}
 
 
 def main(argv=None) -> dict:
@@ -106,7 +151,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--collects", type=int, default=2, help="collects per sample")
     ap.add_argument("--out", default="bench/results/model_check.json")
+    ap.add_argument("--recheck", metavar="JSON", help="run nothing: predict the emulated rows of an earlier "
+                    "run's record (its saved profiles and configs) with the model as it is now, and the real record")
     args = ap.parse_args(argv)
+    if args.recheck:
+        return save_and_print(recheck(args.recheck, args.record), args.out, markdown)
     t0 = time.perf_counter()
     out: dict[str, Any] = {"machine": machine_header(),
                            "command": "python -m bench.model_check " + " ".join(argv or sys.argv[1:]),
@@ -122,12 +171,34 @@ def main(argv=None) -> dict:
     return save_and_print(out, args.out, markdown)
 
 
+def recheck(path: str, record: str) -> dict:
+    """An earlier run's record with every prediction redone by the current model: its
+    emulated rows against their saved profile (runs without ``profile_dict`` are left as they
+    were), and the real box's record afresh."""
+    from auturi import Config
+    from auturi.tuner.profile import Profile, predict
+
+    with open(path) as f:
+        out = json.load(f)
+    for e in out.get("emulated") or []:
+        if "profile_dict" not in e:
+            continue
+        prof = Profile.from_dict(e["profile_dict"])
+        for r in e["rows"]:
+            r["predicted"] = predict(Config.from_dict(r["config_dict"]), prof)
+    if os.path.exists(record):
+        out["real"] = real_box(record)
+    out["rechecked"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return out
+
+
 def _err(p: float, m: float) -> str:
     return f"{p:,.0f} ({p / m - 1:+.0%})"
 
 
 def markdown(out: dict) -> str:
-    lines = [f"Machine: {out['machine']}  ", f"Command: `{out['command']}` ({out['started']})", ""]
+    lines = [f"Machine: {out['machine']}  ", f"Command: `{out['command']}` ({out['started']})"
+             + (f", predictions redone {out['rechecked']}" if out.get("rechecked") else ""), ""]
     real = out.get("real")
     if real:
         lines += [f"Real GPU box (record {os.path.basename(real['record'])}): predicted steps/s (error vs measured)", "",
@@ -141,14 +212,22 @@ def markdown(out: dict) -> str:
                          f"{_err(r['profile'], r['measured'])} | {held} | {_err(r['all_fit'], r['measured'])} |")
         fa = real["fitted_all"]
         lines += ["", "fitted to all: " + ", ".join(f"{k} {v:.3g}" for k, v in fa.items()),
-                  "fitted, held out: " + ", ".join(f"{k} {v:.3g}" for k, v in real["fitted_held_out"].items()), ""]
+                  "fitted, held out: " + ", ".join(f"{k} {v:.3g}" for k, v in real["fitted_held_out"].items())]
+        for r in real["rows"]:
+            if r.get("overlapped_forecast"):
+                lines.append(f"{r['config'].replace('|', '/')} ran in the general loop (the record predates the "
+                             f"overlapped loop); in the overlapped loop the model forecasts "
+                             f"{r['overlapped_forecast']:,.0f} steps/s (fitted to all; unmeasured)")
+        lines.append("")
     for e in out.get("emulated") or []:
+        load = " (load average {:.1f} / {:.1f} / {:.1f} at its end)".format(*e["load"]) if e.get("load") else ""
         lines += [f"Emulated GPU box, {e['profile']} (profiled step {e['profiled']['env_step_seconds'] * 1e3:.2f} ms, "
-                  f"std {e['profiled']['env_step_std'] * 1e3:.2f} ms): profile-only prediction vs measured", "",
-                  "| layout | measured | predicted (error) |", "|---|---:|---:|"]
+                  f"std {e['profiled']['env_step_std'] * 1e3:.2f} ms): profile-only prediction vs measured{load}", "",
+                  "| layout | loop | measured | actors blocked | predicted (error) |", "|---|---|---:|---:|---:|"]
         for r in e["rows"]:
-            lines.append(f"| {r['config'].replace('|', '/')} | {r['measured']:,.0f} | "
-                         f"{_err(r['predicted'], r['measured'])} |")
+            blocked = f"{r['wait_share']:.0%}" if "wait_share" in r else "-"
+            lines.append(f"| {r['config'].replace('|', '/')} | {r.get('loop', '-')} | {r['measured']:,.0f} | "
+                         f"{blocked} | {_err(r['predicted'], r['measured'])} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -16,8 +16,8 @@ import math
 import pytest
 
 from auturi import Config
-from auturi.tuner import profile as model
-from auturi.tuner.profile import Profile, _cpu_busy, expected_max_z, fit_overheads, predict
+from auturi.tuner.profile import (Profile, _cpu_busy, _overlapped_row, expected_max_z, fit_overheads, overlap_bounds,
+                                  overlaps, predict)
 
 # ---------------------------------------------------------------- the real GPU box's record
 GPU_BOX = Profile(
@@ -97,18 +97,6 @@ def test_the_slowest_of_n_lanes_grows_with_n_and_stays_below_the_asymptote():
     assert expected_max_z(16) == pytest.approx(1.766, rel=0.01)  # the exact value, from tables
 
 
-def test_the_overlapped_loop_drops_the_wait_for_the_actors_share(monkeypatch):
-    """The hook for the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``):
-    env workers queue the next batches' steps, so their cycle no longer holds the actor's own
-    share and two batches a row overlap stepping with inference."""
-    c = Config(1, 64, 16, 1, "cuda", 32)  # two forward passes a row
-    model.overlaps.cache_clear()
-    monkeypatch.setattr(model, "overlaps", lambda config: False)
-    general = predict(c, GPU_BOX)
-    monkeypatch.setattr(model, "overlaps", lambda config: True)
-    assert predict(c, GPU_BOX) > 1.1 * general
-
-
 # ---------------------------------------------------------------- the emulated GPU box
 # What profile_executor measured on the emulated box (python -m bench.model_check's
 # profiling, 2026-11-26, 2 cores, time scale 4): the env's sleep-based step, and the
@@ -137,3 +125,130 @@ def test_profile_only_predictions_of_lockstep_cuda_layouts_on_the_emulated_box_w
     prof = EMULATED[profile]
     for c, m in EMULATED_MEASURED[profile].items():
         assert predict(c, prof) == pytest.approx(m, rel=0.25), c
+
+
+# ---------------------------------------------------------------- the overlapped loop's model
+def _waiting(env=1e-3, std=0.3e-3, latency=8e-3, **kw) -> Profile:
+    """An env that waits (a simulator elsewhere) on 16 cores, a flat CUDA latency: the
+    pipeline alone decides, no time-slicing."""
+    return Profile(env_step_seconds=env, env_step_std=std, env_cpu_fraction=0.05,
+                   policy_seconds={"cuda": {1: latency, 64: latency}}, cores=16, **kw)
+
+
+LOCK, OVER = Config(1, 64, 8, 1, "cuda", 64), Config(1, 64, 8, 2, "cuda", 32)  # twins: 8 envs a lane
+
+
+def test_an_overlapped_layout_beats_its_lockstep_twin_only_where_inference_is_a_real_share():
+    """Lockstep steps a lane's 8 envs, then waits for the one pass; overlapped steps one half
+    while the other is on the device. With an 8 ms pass (a lane's whole row) that hides most
+    of it; with a 0.2 ms pass there is nothing to hide, and the actor's host work and the
+    replicas' round trips make the twin no faster."""
+    assert overlaps(OVER) and not overlaps(LOCK)
+    heavy, light = _waiting(latency=8e-3), _waiting(latency=0.2e-3)
+    assert predict(OVER, heavy) > 1.05 * predict(LOCK, heavy)
+    assert predict(OVER, light) < predict(LOCK, light)
+    # Where the env workers are what bounds it, no layout of theirs steps faster than they do.
+    for prof in (heavy, light):
+        assert predict(OVER, prof) < 64 / overlap_bounds(OVER, prof).lanes
+
+
+def test_the_overlapped_row_is_its_busiest_resource_and_a_parts_cycle_combined():
+    """Never below the max of (a) the env workers, (b) the device, (c) the actor, nor below
+    one part's cycle; at most sqrt(2) times the larger; the larger alone where it dominates."""
+    cases = [(c, prof) for c in (OVER, Config(1, 32, 32, 4, "cuda", 8), Config(2, 16, 16, 2, "cuda", 8),
+                                 Config(1, 32, 16, 1, "cuda", 16))
+             for prof in (_waiting(), _waiting(latency=0.5e-3, std=2e-3), GPU_BOX)]
+    for c, prof in cases:
+        b = overlap_bounds(c, prof, busy=1, cores=16)
+        assert b.busiest == max(b.lanes, b.device, b.actor)
+        row = _overlapped_row(c, prof, 1, 16)
+        top = max(b.busiest, b.cycle)
+        assert top <= row <= math.sqrt(2) * top + 1e-12, (c, b)
+    # The actor's host work dominating (a slow machine's 5 ms a post): the row is the actor's.
+    slow_host = _waiting(post_seconds=5e-3)
+    b = overlap_bounds(OVER, slow_host, busy=1, cores=16)
+    assert b.actor > 5 * max(b.lanes, b.device, b.cycle)
+    assert _overlapped_row(OVER, slow_host, 1, 16) == pytest.approx(b.actor, rel=0.02)
+    # Replicas run side by side: four of them take half the device time of two, at one batch size.
+    two, four = Config(1, 32, 32, 2, "cuda", 8), Config(1, 32, 32, 4, "cuda", 8)
+    assert overlap_bounds(four, _waiting(), busy=1, cores=16).device == \
+        pytest.approx(overlap_bounds(two, _waiting(), busy=1, cores=16).device / 2)
+
+
+def test_the_overlapped_straggle_is_over_the_lanes_of_one_batch():
+    """With one env a worker (32 lanes), a batch of 8 waits for the slowest of 8 lanes, not of
+    32: the cycle is one step, that straggle, the pass and two round trips; and raising the
+    step's spread costs the lockstep twin (which waits for all 32 every row) more."""
+    c = Config(1, 32, 32, 4, "cuda", 8)
+    prof = _waiting(std=1e-3, latency=2e-3)
+    b = overlap_bounds(c, prof, busy=1, cores=16)
+    te = prof.env_step_seconds + prof.env_overhead_seconds
+    assert b.cycle == pytest.approx(te + 1e-3 * expected_max_z(8) + 2e-3 + 2 * prof.ipc_seconds)
+    lock = Config(1, 32, 32, 1, "cuda", 32)
+    calm = _waiting(std=0.0, latency=2e-3)
+    assert predict(c, prof) / predict(c, calm) > 1.2 * predict(lock, prof) / predict(lock, calm)
+
+
+def test_a_loaded_core_slows_the_overlapped_env_workers_and_replicas_queue_for_a_shared_device():
+    """The GPU box's computing env (a core a step): with the cores loaded a step takes up to
+    the fitted factor's time (the actor's host work does not stretch, so the layout slows by
+    less than the factor); and with a share of each pass holding the one device, four
+    actors' eight replicas wait for each other."""
+    c = Config(1, 64, 16, 2, "cuda", 32)
+    assert overlaps(c)
+    assert predict(c, GPU_BOX.replace(loaded_step_factor=2.0)) < 0.9 * predict(c, GPU_BOX)
+    four = Config(4, 16, 4, 2, "cuda", 8)
+    assert overlaps(four)
+    assert predict(four, GPU_BOX.replace(device_share=1.0)) < 0.9 * predict(four, GPU_BOX)
+
+
+def test_fitting_an_overlapped_measurement_finds_the_actors_host_work():
+    """``post_seconds`` is identified only by overlapped layouts: fitted from them (a truth of
+    200 us a task against the 70 us prior), left at its prior by lockstep ones alone."""
+    prior = _waiting(latency=2e-3)
+    truth = prior.replace(post_seconds=200e-6)
+    over = [Config(1, 64, 8, 2, "cuda", 32), Config(1, 64, 16, 2, "cuda", 16), Config(1, 64, 32, 4, "cuda", 16)]
+    lock = [Config(1, 64, 8, 1, "cuda", 64), Config(2, 32, 8, 1, "cuda", 32)]
+    fitted = fit_overheads(prior, [(c, predict(c, truth)) for c in over + lock])
+    assert 130e-6 <= fitted.post_seconds <= 300e-6
+    for c in over:
+        assert predict(c, fitted) == pytest.approx(predict(c, truth), rel=0.1)
+    assert fit_overheads(prior, [(c, predict(c, truth)) for c in lock]).post_seconds == prior.post_seconds
+
+
+# What profile_executor measured on the emulated box and what each layout collected there
+# (python -m bench.model_check, 2026-11-26 14:32 UTC at time scale 4 and 14:41 UTC at 2;
+# 2 shared cores, load average 2-6; 3 interleaved rounds of 2 collects of 32 envs x 64 steps).
+def _emulated(env: float, std: float, frac: float, cuda: dict[int, float], cuda_cpu: dict[int, float]) -> Profile:
+    return Profile(env_step_seconds=env, env_step_std=std, env_cpu_fraction=frac, obs_bytes=28224,
+                   policy_seconds={"cuda": cuda}, policy_cpu_seconds={"cuda": cuda_cpu}, cores=2, num_steps=64)
+
+
+_OVERLAPPED = [Config(1, 32, 16, 1, "cuda", 16), Config(1, 32, 16, 2, "cuda", 16), Config(1, 32, 32, 2, "cuda", 16),
+               Config(1, 32, 32, 4, "cuda", 8), Config(2, 16, 16, 2, "cuda", 8)]
+EMULATED_OVERLAP = {  # (profile, steps/s of the _OVERLAPPED layouts in order)
+    "pong-like x4": (_emulated(1.88e-3, 0.60e-3, 0.055, {1: 1.66e-3, 8: 1.83e-3, 16: 1.97e-3, 32: 2.25e-3},
+                               {1: 63e-6, 8: 43e-6, 16: 46e-6, 32: 53e-6}), [2_616, 4_781, 4_638, 4_296, 5_885]),
+    "straggler x4": (_emulated(2.48e-3, 3.35e-3, 0.036, {1: 1.70e-3, 8: 1.83e-3, 16: 1.98e-3, 32: 2.27e-3},
+                               {1: 107e-6, 8: 93e-6, 16: 94e-6, 32: 148e-6}), [2_315, 2_261, 3_210, 3_506, 3_288]),
+    "pong-like x2": (_emulated(0.91e-3, 0.22e-3, 0.051, {1: 0.86e-3, 8: 0.92e-3, 16: 0.99e-3, 32: 1.14e-3},
+                               {1: 83e-6, 8: 35e-6, 16: 37e-6, 32: 91e-6}), [4_771, 7_558, 9_158, 8_774, 10_240]),
+    "straggler x2": (_emulated(1.27e-3, 1.78e-3, 0.042, {1: 0.85e-3, 8: 0.93e-3, 16: 1.00e-3, 32: 1.15e-3},
+                               {1: 42e-6, 8: 89e-6, 16: 107e-6, 32: 151e-6}), [3_845, 4_013, 5_588, 6_049, 6_028]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMULATED_OVERLAP))
+def test_profile_only_predictions_of_overlapped_layouts_on_the_emulated_box_within_25_percent(name):
+    prof, measured = EMULATED_OVERLAP[name]
+    for c, m in zip(_OVERLAPPED, measured):
+        assert overlaps(c)
+        assert predict(c, prof) == pytest.approx(m, rel=0.25), c
+
+
+def test_a_profile_record_with_a_field_this_version_does_not_know_still_loads():
+    from auturi.tuner.profile import Profile
+
+    d = Profile(env_step_seconds=1e-3).to_dict()
+    d["fitted_by_a_later_version"] = 1.0
+    assert Profile.from_dict(d) == Profile.from_dict(Profile(env_step_seconds=1e-3).to_dict())

@@ -436,3 +436,48 @@ def test_a_close_call_between_batch_sizes_goes_to_the_fewest_passes():
     assert fewest_passes(one, pool, apart).policy_batch_size == 4  # 8 clearly worse: the largest close one
     other = Config(num_actors=8, envs_per_actor=1)
     assert fewest_passes(other, pool, flat) == other  # another layout is never swapped in
+
+
+def test_the_model_strategy_records_what_it_fits_on_a_gpu_and_the_limit_line_reads_it():
+    """``auturi tune``'s model strategy refits the loaded-core factor, the device's queue and
+    the overlapped loop's host work with the rest (they are in its record's ``fitted``), and
+    the limit line reads the load factor from there: on the GPU box's record (16 cores,
+    Pong 64 envs, 2026-11-26) the fit slows a loaded core's step, the line keeps the cores
+    (env stepping and the host side of CUDA inference) apart from the GPU, and shows the
+    envs-only rate at the fitted speed beside the perfect-scaling one."""
+    from types import SimpleNamespace
+
+    from auturi.cli.render import limit_line
+    from auturi.rollout import CollectStats
+    from auturi.testing.emulated_gpu import emulated_gpu
+    from auturi.tuner import Trial
+    from auturi.tuner.api import _explain
+    from auturi.tuner.result import TuneResult
+    from tests.test_tuner_gpu_model import GPU_BOX, MEASURED, SERIAL
+
+    with emulated_gpu():
+        space = build_space(64, cores=16, devices=["cpu", "cuda"])
+    strat = ModelStrategy(profile=GPU_BOX)
+    strat.prepare(space, num_steps=64)
+    history = [Trial(config=c, samples=[v], status="ok", source="search") for c, v in [*MEASURED.items(), SERIAL]]
+    strat.propose(history)
+    fitted = strat.info()["fitted"]
+    assert {"loaded_step_factor", "device_share", "post_seconds"} <= set(fitted)
+    assert 1.5 <= fitted["loaded_step_factor"] <= 3.3  # the profile said 1.0: one env stepping alone
+    choice = Config(2, 32, 16, 1, "cuda", 32)
+    result = TuneResult(choice=choice, reason="", trials=[Trial(config=choice, samples=[14_226.0], status="ok",
+                                                                source="search")],
+                        final=[], start=Config.serial(64), num_steps=64, strategy=strat.info(), hardware={"cores": 16})
+    steps = 64 * 64  # the serial collects: 0.553 ms an env step, the policy on the CPU
+    serial = [CollectStats(steps=steps, seconds=steps / 1_931, env_seconds=steps * 16 / 28_943,
+                           policy_seconds=steps * 0.1e-3)]
+    report = _explain(result, SimpleNamespace(stats={Config.serial(64): serial}))
+    lim = report.limit
+    assert lim["inference_device"] == "cuda" and lim["bound"] == "env"
+    envs_loaded = lim["env_steps_per_second"] / fitted["loaded_step_factor"]
+    assert lim["loaded_env_steps_per_second"] == pytest.approx(envs_loaded, rel=1e-3)
+    line = limit_line(report)
+    assert "of what 16 cores can step" in line and "the host side of cuda inference" in line, line
+    assert "with every core busy, as fitted" in line, line
+    assert report.limit_share() == pytest.approx(14_226 / lim["steps_per_second"])
+    assert report.limit_share() < 0.6  # the GPU's work is not charged to the cores (it read 101%)

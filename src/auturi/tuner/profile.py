@@ -9,8 +9,10 @@ from training rollouts lives in :mod:`rollout_profile`.
 one env's step time (mean, spread, and how much of it is CPU rather than waiting), the
 observation size, and the policy's latency against batch size on each device. Some costs
 cannot be timed in-process: the round trip to a worker process (``ipc_seconds``), the
-executor's bookkeeping per env step (``env_overhead_seconds``), what time-slicing more busy
-processes than cores costs (``contention``), and the per-collect and cross-node costs below.
+executor's bookkeeping per env step (``env_overhead_seconds``) and per task the actor hands
+out in the overlapped loop (``post_seconds``), what time-slicing more busy processes than
+cores costs (``contention``), a loaded core's slower env step (``loaded_step_factor``), the
+device's queue (``device_share``), and the per-collect and cross-node costs below.
 They start at defaults and :func:`fit_overheads` fits them to the configs measured so far
 (the start and serial configs are always measured first, so the fit has data from the
 beginning).
@@ -26,15 +28,21 @@ beginning).
   everything in one process (the serial point) they always add;
 - lock-step env lanes wait for the slowest: the expected max of ``D`` lanes' row times,
   ``std * sqrt(E/D) * z(D)`` per row (:func:`expected_max_z`);
-- in the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: env workers
-  queue several batches' steps) a lane's cycle does not wait for the actor's own share;
+- the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: batches spread
+  over the lanes, env workers queueing several batches' steps) has no barrier and its own
+  row (:func:`overlap_bounds`): the busiest of (a) an env worker's stepping, (b) the
+  replicas' forward passes side by side on the device and (c) the actor's own share, passes
+  and host work per task (``post_seconds``), combined with one batch part's cycle (its
+  steps, the slowest of the lanes in *its* batch, the pass, the round trips) as their root
+  sum of squares; the lockstep straggle and stall terms above do not apply;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
 - the total is capped by ``cores / (CPU seconds per env step)``, and divided by
   ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores, where
   a process counts by the share of the row it holds a core: an env-stepping one not while
   it waits inside its envs (a remote simulator's wait holds no core), nor, with the policy
   on a GPU, an env worker while its batch is on the device; a device replica only for its
-  passes' CPU time;
+  passes' CPU time; in the overlapped loop each process only for its CPU work (it blocks
+  on its semaphore otherwise);
 - with the cores loaded, an env step's CPU time grows by up to ``loaded_step_factor``
   (fitted once a config with the policy on a device is measured: profiling times one env
   alone, and a machine whose cores are SMT siblings or share memory bandwidth steps slower
@@ -72,8 +80,8 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -105,6 +113,15 @@ CUDA layouts with 16-32 busy processes measured 9-14k steps/s where 16 cores at 
 0.45 ms a step allow 33k, and 1 x 64 at degree 16 and 32 (16 and 32 processes) measured the
 same 12.4-13k, i.e. the cores were saturated at about 1 ms of CPU a step (16 vCPUs that are
 8 cores' SMT siblings would do that)."""
+
+DEFAULT_POST_SECONDS = 70e-6
+"""The actor's own time per task it hands out in the overlapped loop (a batch's steps posted
+to an env worker, a batch handed to a replica, and handling their reports): the emulated GPU
+box on the 2 shared cores (2026-11-26, load 4-6; ``python -m bench.model_check``), the actors'
+busy time less their env steps and forward passes, over their tasks: 56-86 us on 9 of 10
+layouts (135 us on the tenth), median ~65 us. Kept apart from ``ipc_seconds``, a round
+trip's latency, which fits lockstep layouts' waits for a core (0.07-1.1 ms on the GPU box's
+record) rather than any CPU the actor spends."""
 
 # Per-collect fixed costs, by what a layout wakes: a 1-step collect's median time less the
 # model's row for it (profiled, spread 0), 4 CartPole envs and a random policy on this
@@ -139,6 +156,7 @@ _GRIDS = {
     "contention": [0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
     "loaded_step_factor": [1.0, 1.25, 1.5, 1.8, 2.2, 2.7, 3.3, 4.0],
     "device_share": [0.0, 0.1, 0.25, 0.5, 0.75, 1.0],
+    "post_seconds": [float(x) for x in np.geomspace(5e-6, 5e-4, 13)],
 }
 # Where a cost means something: a loaded step is no faster than one alone; a pass holds the
 # device at most a little longer than its latency (switching between processes' contexts).
@@ -218,6 +236,9 @@ class Profile:
     """Share of a forward pass's latency on a device (not the CPU) during which it holds the
     one device, so other processes' passes queue behind it (fitted; see
     :data:`DEFAULT_DEVICE_SHARE`)."""
+    post_seconds: float = DEFAULT_POST_SECONDS
+    """The actor's own time per task it hands out in the executor's overlapped loop (fitted
+    once an overlapped layout is measured; see :data:`DEFAULT_POST_SECONDS`)."""
     profile_seconds: float = 0.0
     """What profiling cost."""
 
@@ -253,7 +274,10 @@ class Profile:
         for k in ("policy_seconds", "policy_cpu_seconds"):
             d[k] = {dev: {int(b): float(s) for b, s in t.items()} for dev, t in d.get(k, {}).items()}
         d["node_cores"] = tuple(int(c) for c in d.get("node_cores", ()))
-        return cls(**d)
+        # A record written by a later version may hold fields this one does not know: they
+        # are what that version fitted beyond this model, so they are left out, not an error.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     def replace(self, **changes: Any) -> Profile:
         return replace(self, **changes)
@@ -458,23 +482,28 @@ def _cpu_per_step(config: Config, prof: Profile) -> float:
     bookkeeping, its part of the forward passes and of the round trips."""
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     g = math.ceil(E / B)
-    ipc_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
-    tasks_per_row = (D - 1) * math.ceil((E // D) / B) + (g if P > 1 else 0)
+    if overlaps(config):  # the actor's host work per post and per batch (an env worker's part: its steps)
+        _, parts, _ = _overlap_parts(config)
+        task_cpu, tasks_per_row = prof.post_seconds, (D - 1) * parts + (g if P > 1 else 0)
+    else:
+        task_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
+        tasks_per_row = (D - 1) * math.ceil((E // D) / B) + (g if P > 1 else 0)
     return (prof.env_step_seconds * prof.env_cpu_fraction + prof.env_overhead_seconds
-            + g * prof.policy_latency(config.policy_device, B, cpu=True) / E + tasks_per_row * ipc_cpu / E)
+            + g * prof.policy_latency(config.policy_device, B, cpu=True) / E + tasks_per_row * task_cpu / E)
 
 
 def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
     """One actor's row seconds from its pipeline alone (no core cap, no time-slicing), with
     ``busy`` processes wanting ``cores`` cores (round trips wait for a core beyond them) and
-    each forward pass waiting ``device_wait`` for a device other processes hold."""
+    each forward pass waiting ``device_wait`` for a device other processes hold. Layouts the
+    executor runs in its overlapped loop: :func:`_overlapped_row`."""
+    if overlaps(config):
+        return _overlapped_row(config, prof, busy, cores, device_wait)
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     te = prof.env_step_seconds + prof.env_overhead_seconds
     g = math.ceil(E / B)  # forward passes per row
     L = prof.policy_latency(config.policy_device, B) + device_wait
-    # The actor's own process steps one env share; degree - 1 env workers step the rest.
-    # Wake-ups slow down once processes outnumber cores: a woken worker waits for a core.
-    ipc = prof.ipc_seconds * (1.0 + max(0.0, busy - cores) / cores)
+    ipc = _loaded_ipc(prof, busy, cores)
     m = E // D  # envs per env lane
     # Tasks each env lane gets per row: a lane's envs step together, so they come back ready
     # together and ride in the same batch unless the batch is smaller than the lane.
@@ -483,18 +512,13 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
         # Lock-stepped lanes wait for the slowest: the expected max of D lanes' row times
         # (each the sum of m steps), which grows with the spread and the count.
         straggle = prof.env_step_std * math.sqrt(m) * expected_max_z(D)
-        if overlaps(config):
-            # The overlapped loop (the plan's ActorPlan.overlap): env workers queue the steps
-            # of the next batches and go on without a round trip to the actor, so no lane's
-            # cycle holds the actor's own share; stepping and inference overlap, as below.
-            stall = 0.0
-        else:
-            # Outside lockstep (several batches, or remote replicas) the actor steps its own
-            # share synchronously while env workers finish theirs; their envs wait for it to
-            # hand them on, so each lane's cycle holds the actor's share too (a 1 ms env, 16
-            # envs, degree 8, batch 8: measured 2,900 steps/s, 6,600 predicted without this,
-            # 3,000 with it). Remote replicas keep acting on what they were handed meanwhile: half of it.
-            stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
+        # In the general loop (several batches, or remote replicas; with env workers that
+        # is a CPU policy's) the actor steps its own share synchronously while env workers
+        # finish theirs; their envs wait for it to hand them on, so each lane's cycle holds
+        # the actor's share too (a 1 ms env, 16 envs, degree 8, batch 8: measured 2,900
+        # steps/s, 6,600 predicted without this, 3,000 with it). Remote replicas keep acting
+        # on what they were handed meanwhile: half of it.
+        stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
         s_env = m * te + stall + env_tasks * ipc + straggle
     else:
         s_env = E * te
@@ -506,34 +530,141 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
     return max(row, (m * te if D > 1 else E * te) + (g * L if P == 1 else 0.0))
 
 
+def _loaded_ipc(prof: Profile, busy: float, cores: int) -> float:
+    """A round trip to a worker process with ``busy`` processes wanting ``cores`` cores: a
+    woken worker waits for a core beyond them."""
+    return prof.ipc_seconds * (1.0 + max(0.0, busy - cores) / cores)
+
+
+def _overlap_parts(config: Config) -> tuple[int, int, int]:
+    """How the overlapped loop cuts one actor's row (:func:`~auturi.executor.actor_loop.spread_batch`):
+    ``(q, parts, k)``: ``q`` envs of one env lane ride in one batch (the batch's fair share of
+    the lane, at least one), so a lane gets ``parts`` posts a row, and a batch waits for the
+    steps of ``k`` lanes (with one env a lane: ``B`` of them, not all ``D``)."""
+    E, D, B = config.envs_per_actor, config.env_parallel_degree, config.policy_batch_size
+    m = E // D
+    q = min(m, max(1, math.ceil(m * B / E)))
+    return q, math.ceil(m / q), min(D, math.ceil(B / q))
+
+
+class OverlapBounds(NamedTuple):
+    """What bounds one actor's row seconds in the executor's overlapped loop
+    (:func:`overlap_bounds`); :func:`_overlapped_row` combines them."""
+
+    lanes: float
+    """(a) an env worker's stepping a row: its ``m`` envs' steps and the CPU side of its posts."""
+    device: float
+    """(b) the forward passes a row over the replicas running side by side (0: in the actor)."""
+    actor: float
+    """(c) the actor's own process a row: its env share, its forward passes (one replica),
+    its host work per task."""
+    cycle: float
+    """One part of a lane going round: its steps, the wait for the slowest lane of its
+    batch, the forward pass and the round trips; a row can be no shorter."""
+
+    @property
+    def busiest(self) -> float:
+        """The busiest resource's time a row: the throughput bound of (a), (b) and (c)."""
+        return max(self.lanes, self.device, self.actor)
+
+
+def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cores: int | None = None,
+                   device_wait: float = 0.0) -> OverlapBounds:
+    """The bounds on one actor's row seconds in the executor's overlapped loop (the layout
+    plan's ``ActorPlan.overlap``: batches spread over the env lanes, each env worker queueing
+    the steps of several batches, so a lane steps one batch's envs while another batch is in
+    inference). No lockstep barrier (the batches alternate), so neither the lockstep straggle
+    of all ``D`` lanes nor the stall for the actor's share applies. With ``m`` envs a lane,
+    ``g`` batches a row, ``P`` replicas, and :func:`_overlap_parts`' ``q``, ``parts``, ``k``:
+
+    - ``lanes`` (a): ``m * te`` and the CPU side of the lane's ``parts`` posts;
+    - ``device`` (b): ``(g / P) * (L + ipc)``: ``g`` passes over ``P`` replicas side by side,
+      each pass's latency ``L`` plus ``device_wait`` (its queue for a device other processes
+      hold: ``device_share``); 0 with the policy in the actor (its passes are the actor's);
+    - ``actor`` (c): its own share's ``m * te``, its ``g * L`` when the policy runs in it,
+      and ``post_seconds`` per post to an env worker and per batch handed to a replica (the
+      emulated box, 2026-11-26: the actors' busy time, a collect less their blocked time,
+      came within 10% of this on 8 of 10 layouts);
+    - ``cycle``: ``q * te``, plus the wait for the slowest of the ``k`` lanes in the batch
+      (the expected max of ``k`` lanes' ``q``-step times, not of all ``D`` lanes' rows),
+      ``L`` and the round trips back to the lane. With one part a lane (one env a worker)
+      the lane idles while its env is in inference, and this is the row.
+
+    ``busy`` processes on ``cores`` cores (default: the layout's, the profile's) slow the
+    round trips; ``te`` (the env step) is the profile's, stretched by the loaded-core factor
+    where the caller applied it (:func:`_loaded`)."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
+    cores = prof.cores if cores is None else cores
+    busy = busy_processes(config) if busy is None else busy
+    te = prof.env_step_seconds + prof.env_overhead_seconds
+    g = math.ceil(E / B)
+    L = prof.policy_latency(config.policy_device, B) + device_wait
+    ipc = _loaded_ipc(prof, busy, cores)
+    m = E // D
+    q, parts, k = _overlap_parts(config)
+    straggle = prof.env_step_std * math.sqrt(q) * expected_max_z(k)
+    trip = ipc * (2.0 if P > 1 else 1.0)  # lane -> actor -> replica -> actor -> lane; in the actor: one
+    return OverlapBounds(lanes=m * te + parts * 0.5 * ipc,
+                         device=(g / P) * (L + ipc) if P > 1 else 0.0,
+                         actor=m * te + (g * L if P == 1 else 0.0)
+                         + ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds,
+                         cycle=q * te + straggle + L + trip)
+
+
+def _overlapped_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
+    """One actor's row seconds in the overlapped loop, from :func:`overlap_bounds`: no shorter
+    than its busiest resource's time (the max of (a), (b), (c)) nor than one part's cycle, and
+    longer than both where they are close: the resources hand each batch on to one another,
+    so each waits for the others part of the time. The row is the root sum of squares of the
+    two, their max where one dominates and ``sqrt(2)`` times it where they are equal. (The
+    emulated box, 2026-11-26, 10 overlapped layouts on two step profiles at time scales 4
+    and 2: the plain max predicted up to 59% high, 7 of the 20 over 25%; the root sum of
+    squares -15% to +17%; ``python -m bench.model_check``.)"""
+    b = overlap_bounds(config, prof, busy, cores, device_wait)
+    return math.hypot(b.busiest, b.cycle)
+
+
 def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float) -> float:
     """``busy`` processes less the share of the row each spends holding no core:
 
     - every env-stepping process (each actor and its env workers) while it waits inside its
       envs: ``(1 - env_cpu_fraction)`` of their step time;
     - with the policy on a device other than the CPU, in the actor (one replica) and with
-      env workers, outside the overlapped loop: the env workers while their batch is on the
-      device (each row's forward passes; on the CPU the policy's torch threads take those
-      cores, so they count busy; in the overlapped loop they step another batch meanwhile);
+      env workers: the env workers while their batch is on the device (each row's forward
+      passes; on the CPU the policy's torch threads take those cores, so they count busy);
     - device replicas of their own (several replicas) except while they run their share of
       the forward passes, at the CPU cost the profile timed for them (a CUDA call that
       spins on its result holds its core for all of it; an emulated device for little).
 
-    CPU replicas count whole."""
+    CPU replicas count whole. In the overlapped loop (no barrier) every process counts only
+    for its CPU work: an env worker's steps' CPU and posts, the actor's share, host work and
+    (one replica) passes' CPU, each replica's passes' CPU; blocked on its semaphore it holds
+    no core."""
     if row <= 0:
         return float(busy)
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
-    wait = prof.env_step_seconds * (1.0 - min(1.0, max(0.0, prof.env_cpu_fraction)))
+    frac = min(1.0, max(0.0, prof.env_cpu_fraction))
+    wait = prof.env_step_seconds * (1.0 - frac)
     m = E // D
-    own = min(1.0, m * wait / row)  # per env-stepping process
     device = config.policy_device.split(":")[0] != "cpu"
     g = math.ceil(E / B)
+    share = min(1.0, (g / P) * prof.policy_latency(config.policy_device, B, cpu=True) / row) if P > 1 else 0.0
+    if overlaps(config):
+        # No barrier: a process holds a core for its CPU work and blocks on its semaphore
+        # otherwise (an env worker whose envs are all in inference or in a forming batch).
+        _, parts, _ = _overlap_parts(config)
+        step_cpu = prof.env_step_seconds * frac + prof.env_overhead_seconds
+        worker = min(1.0, (m * step_cpu + parts * 0.5 * prof.ipc_seconds) / row)
+        host = ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds
+        inference = g * prof.policy_latency(config.policy_device, B, cpu=True) if P == 1 else 0.0
+        actor = min(1.0, (m * step_cpu + host + inference) / row)
+        return max(1.0, actors * ((D - 1) * worker + actor + (P * share if P > 1 else 0.0)))
+    own = min(1.0, m * wait / row)  # per env-stepping process
     worker = own
-    if device and P == 1 and D > 1 and not overlaps(config):  # overlapped: they step another batch meanwhile
+    if device and P == 1 and D > 1:
         worker = min(1.0, own + g * prof.policy_latency(config.policy_device, B) / row)
     idle = actors * (own + (D - 1) * worker)
     if device and P > 1:
-        share = min(1.0, (g / P) * prof.policy_latency(config.policy_device, B, cpu=True) / row)
         idle += actors * P * (1.0 - share)
     return max(1.0, busy - idle)
 
@@ -556,6 +687,8 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
         # and with contention, which the CPU runs were calibrated with (2026-11-26: fitting
         # it there moved the synthetic strategy test's choice below 95% of the best).
         del grids["device_share"], grids["loaded_step_factor"]
+    if not any(overlaps(c) for c, _ in pts):
+        del grids["post_seconds"]  # only the overlapped loop pays it: nothing measured says what it is
     if prof.num_steps:  # without a collect length, per-collect costs do not enter a prediction
         grids.update(_COLLECT_GRIDS)
         if len(prof.node_cores) > 1:

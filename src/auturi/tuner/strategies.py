@@ -275,8 +275,11 @@ def config_distance(a: Config, b: Config) -> float:
 
 
 _FITTED = ("ipc_seconds", "contention", "env_overhead_seconds", "collect_seconds", "actor_collect_seconds",
-           "env_worker_collect_seconds", "replica_collect_seconds", "cross_node_seconds", "network_bytes_per_second")
-"""The profile's costs :func:`fit_overheads` refits: what the record shows of the fit."""
+           "env_worker_collect_seconds", "replica_collect_seconds", "cross_node_seconds", "network_bytes_per_second",
+           "loaded_step_factor", "device_share", "post_seconds")
+"""The profile's costs :func:`fit_overheads` refits: what the record shows of the fit (the
+strategy's ``info()["fitted"]``). ``auturi tune``'s limit line reads ``loaded_step_factor``
+from it (:func:`auturi.tuner.api.machine_limit`'s ``loaded_env_steps_per_second``)."""
 
 
 class ModelStrategy(Strategy):
