@@ -195,6 +195,13 @@ class Moves:
             server_start=bool(move.processes and move.cold_servers),
             search_trials=self.search_trials, trial_cost=self.trial_cost)
 
+    def net(self, config: Config, pred: float, st: Standing) -> float:
+        """How the online search ranks the configs it may try: benefit minus cost of trying
+        ``config`` predicted at ``pred`` (:meth:`payback`), or the prediction itself when that
+        cannot be told."""
+        bc = self.payback(config, pred, st)
+        return pred if bc is None else bc[0] - bc[1]
+
     def refuse(self, config: Config, pred: float | None, st: Standing, *, factor: float = 1.0,
                unknown_pays: bool = True) -> str | None:
         """None when trying ``config`` pays back ``factor`` times over (or, with

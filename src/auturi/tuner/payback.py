@@ -242,6 +242,29 @@ def cached_search_open(online: Mapping[str, Any] | None, left: int | None) -> st
             f"left, which pays back over this run's {left_text(left)}")
 
 
+def cache_verdict(ok: bool, estimate: float, cached: float | None, tolerance: float,
+                  online: Mapping[str, Any] | None, left: int | None) -> str | None:
+    """After a cached choice's trial (``ok``; ``estimate`` steps/s): None when it is confirmed,
+    within ``tolerance`` of its ``cached`` throughput (or none was cached) and the cached
+    record's search binds a run of ``left`` collects (:func:`cached_search_open`; ``online``:
+    the record's ``online`` part); else why the search runs (it follows "cached choice <config> ").
+
+    >>> cache_verdict(True, 950.0, 1000.0, 0.1, None, 100) is None
+    True
+    >>> cache_verdict(True, 800.0, 1000.0, 0.1, None, 100)
+    'measured 800 steps/s, not within 10% of its cached 1,000: searching'
+    """
+    if ok and (cached is None or estimate >= (1 - tolerance) * cached):
+        why = cached_search_open(online, left)
+        return None if why is None else f"confirmed at {_steps(estimate)} steps/s, but {why}: searching on from it"
+    return (f"measured {_steps(estimate)} steps/s, not within {tolerance:.0%} of its cached "
+            f"{_steps(cached or math.nan)}: searching")
+
+
+def _steps(x: float) -> str:
+    return f"{x:,.0f}" if math.isfinite(x) else "?"
+
+
 def left_text(left: int | None) -> str:
     """``left`` collects, in words."""
     return "an unknown number of collects" if left is None else f"{left} collects"
