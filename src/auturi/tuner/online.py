@@ -344,7 +344,8 @@ class OnlineTuner(_Session):
     def _first_look(self, config: Config, stats: Any, seconds: float, cpu_seconds: float) -> None:
         """At the run's first collect: whether env workers have room here (:meth:`Opening.look`);
         with room the start may end at one sample and, after this collect, their server starts."""
-        if self.phase == "explore" and not self.cached and self.profile_source != "wrap":  # wrap: found at begin
+        moved = self.profile_source == "wrap" and not self.opening.kept_profile  # a wrap-time move found it then
+        if self.phase == "explore" and not self.cached and not moved:
             self.opening.look(config, stats, seconds, cpu_seconds, self.space.cores if self.space is not None else 1)
 
     def _decide_at_begin(self) -> bool:
@@ -358,6 +359,9 @@ class OnlineTuner(_Session):
             model=lambda: self._model_table(None, "no wrap-time model", "profiling from the first collects"),
             propose=self._next_proposal, pays_back=self._pays_back, say=lambda line: self._emit("phase", message=line))
         if move is None:
+            if self.opening.kept_profile:  # the start cannot profile it: the model keeps the wrap profile
+                self.profile_source = "wrap"
+                return False
             self._prepared, self.space = False, space  # the first collects profile the model, as without a look
             return False
         first, top, pred, here = move

@@ -178,6 +178,7 @@ class Opening:
         self.stats: list[Any] = []  # of the measured collects under an in-process layout: the model's profile
         self.unmeasured_seconds = 0.0  # wall seconds of the collects not to measure so far
         self.ahead_tried = False  # unmeasured() started, or declined to start, the server (once per run)
+        self.kept_profile = False  # at_begin's profile stands (a start whose collects cannot profile)
 
     def unmeasured(self, seconds: float, searching: bool) -> bool:
         """After a collect of ``seconds`` nobody times: once such collects reach
@@ -247,10 +248,13 @@ class Opening:
         decisive start's single sample, the 2x margin is the guarantee: the emulated 16-core
         Pong run's first serial rollout took 3-4.5 s against 0.4-0.9 s for a parallel one
         (0.59x of SubprocVecEnv over 8 collects). Else None, the strategy's profile given back
-        (the caller unprepares the model: the first collects profile it as before)."""
+        (the caller unprepares the model: the first collects profile it as before), unless the
+        start steps its envs in workers (a SubprocVecEnv user's), whose collects cannot profile
+        it: the wrap profile then stands (``kept_profile``), and the start may end at one sample
+        on it (:meth:`decisive`)."""
         s, strat, start = self.settings, self.strategy, self.start
         if (s.decisive_gain is None or s.early_env_share is None or space.cores < EARLY_CORES or cached
-                or not s.profile_from_rollouts or not profiles_in_process(start)
+                or not s.profile_from_rollouts
                 or getattr(strat, "predictions", None) is None or getattr(strat, "profile", False) is not None):
             return None
         prof = wrap_profile(self.executor, start, num_steps, space, s.early_env_share, say)
@@ -268,7 +272,14 @@ class Opening:
                 collect_steps=num_steps * self.executor.num_envs)
         if found is None or first is None or first == start or not pays_back(first):
             self.start_pred = None
-            strat.profile = None
+            if table and not profiles_in_process(start):
+                # The start's collects cannot profile the model (its envs step in workers):
+                # the wrap profile stands, where profiling the executor later took ~1 s of the
+                # caller between collects (a 16-core emulated Pong run's 8 collects: 0.70x of
+                # the same layout run fixed).
+                self.kept_profile = True
+            else:
+                strat.profile = None
             return None
         self.moves.promise(first, strat.predicted(first), here)
         self.room = True
@@ -300,7 +311,7 @@ class Opening:
         g = self.settings.decisive_gain
         if (g is None or not self.room or trial.source != "start" or not trial.samples
                 or getattr(self.strategy, "predictions", None) is None or not self.settings.profile_from_rollouts
-                or not any(x is not None for x in self.stats)):
+                or not (self.kept_profile or any(x is not None for x in self.stats))):
             return None
         table = model()
         return decisive_top(table, max(trial.samples), g) if table is not None else None
