@@ -90,8 +90,8 @@ Opt = typer.Option
 @app.command(cls=HelpCommand, epilog=notes_help(), short_help="Measure layouts for ENV; print the fastest.")
 def tune(
     env: Annotated[str, typer.Argument(metavar="ENV", help="A gymnasium id (CartPole-v1; ALE/Pong-v5 gets "
-                                                           "the standard preprocessing), an EnvPool id "
-                                                           "(envpool:Pong-v5), or module:factory (returns a "
+                                                           "the standard preprocessing), a C++ vector env id "
+                                                           "(envpool:Pong-v5, ale:pong), or module:factory (returns a "
                                                            "gymnasium.Env).", show_default=False)],
     policy: Annotated[str, Opt("--policy", metavar="KIND", help="mlp, cnn, auto (cnn for 84x84 frames, else mlp), "
                                                                 "or PATH.zip: a saved SB3 PPO/A2C model.")] = "auto",
