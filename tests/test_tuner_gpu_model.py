@@ -252,3 +252,23 @@ def test_a_profile_record_with_a_field_this_version_does_not_know_still_loads():
     d = Profile(env_step_seconds=1e-3).to_dict()
     d["fitted_by_a_later_version"] = 1.0
     assert Profile.from_dict(d) == Profile.from_dict(Profile(env_step_seconds=1e-3).to_dict())
+
+
+def test_a_heavy_tail_slows_many_lockstep_lanes_more_and_few_less_than_a_normal_spread_says():
+    """Steps of 0.5 ms with one in 50 at 5 ms: the slowest of 32 one-env lanes is usually a
+    straggler (a normal spread of the same std says far less), the slowest of 2 rarely is."""
+    import statistics
+
+    import numpy as np
+
+    from auturi.tuner.profile import Profile, step_quantiles, straggle
+
+    rng = np.random.default_rng(1)
+    times = np.where(rng.random(5000) < 0.02, 5e-3, 5e-4)
+    normal = Profile(env_step_seconds=float(times.mean()), env_step_std=float(statistics.pstdev(times)))
+    tail = normal.replace(env_step_quantiles=step_quantiles(times))
+    assert straggle(tail, 1, 32) > 1.2 * straggle(normal, 1, 32)
+    assert straggle(tail, 1, 2) < straggle(normal, 1, 2)
+    assert straggle(tail, 1, 1) == straggle(normal, 1, 1) == 0.0
+    # the same figure every call (a seeded resampling), and it survives the record
+    assert straggle(tail, 4, 8) == straggle(Profile.from_dict(tail.to_dict()), 4, 8)

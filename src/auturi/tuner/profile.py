@@ -188,6 +188,10 @@ class Profile:
     """Mean wall time of one env step (auto-reset included)."""
     env_step_std: float = 0.0
     """Standard deviation of one step's time (heavy tails show here)."""
+    env_step_quantiles: tuple[float, ...] = ()
+    """One step's time at ``STEP_QUANTILES`` evenly spaced probability levels, where profiling
+    stepped enough (``MIN_TAIL_STEPS``): what the slowest of several lanes takes is read from
+    them (:func:`straggle`); empty: from ``env_step_std`` as a normal spread."""
     env_cpu_fraction: float = 1.0
     """CPU time / wall time while stepping: ~1 for a simulator, ~0 for one that waits."""
     obs_bytes: int = 0
@@ -274,6 +278,7 @@ class Profile:
         for k in ("policy_seconds", "policy_cpu_seconds"):
             d[k] = {dev: {int(b): float(s) for b, s in t.items()} for dev, t in d.get(k, {}).items()}
         d["node_cores"] = tuple(int(c) for c in d.get("node_cores", ()))
+        d["env_step_quantiles"] = tuple(float(q) for q in d.get("env_step_quantiles", ()))
         # A record written by a later version may hold fields this one does not know: they
         # are what that version fitted beyond this model, so they are left out, not an error.
         known = {f.name for f in fields(cls)}
@@ -338,6 +343,56 @@ def expected_max_z(n: int) -> float:
     if n <= 1:
         return 0.0
     return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+STEP_QUANTILES = 64
+"""Probability levels a profile keeps of one step's time (:attr:`Profile.env_step_quantiles`)."""
+MIN_TAIL_STEPS = 100
+"""Steps profiled from which their quantiles stand for the tail: fewer (a rollout's profile
+steps one env ~20 ms) and the normal spread is used."""
+
+
+def step_quantiles(times: Sequence[float]) -> tuple[float, ...]:
+    """``times`` at ``STEP_QUANTILES`` evenly spaced levels (midpoints), or () when fewer than
+    ``MIN_TAIL_STEPS``.
+
+    >>> len(step_quantiles([1e-3] * 200)), step_quantiles([1e-3] * 10)
+    (64, ())
+    """
+    if len(times) < MIN_TAIL_STEPS:
+        return ()
+    levels = (np.arange(STEP_QUANTILES) + 0.5) / STEP_QUANTILES
+    return tuple(float(x) for x in np.quantile(np.asarray(times, dtype=np.float64), levels))
+
+
+def straggle(prof: Profile, m: int, k: int) -> float:
+    """Seconds the slowest of ``k`` lanes, each stepping ``m`` envs in turn, takes beyond the
+    mean of ``m`` steps: from the profile's step-time quantiles where it has them (the
+    expected maximum of ``k`` sums of ``m`` draws; :func:`_tail_straggle`), else a normal
+    spread (``env_step_std * sqrt(m) * expected_max_z(k)``). A heavy tail (rare long steps,
+    long resets) makes the slowest of many lanes slower than a normal spread says, and of a
+    few lanes faster: on the emulated straggler profile, 32 lanes of one env measured a row
+    ~1.5x the normal figure's.
+
+    >>> p = Profile(env_step_seconds=1e-3, env_step_std=1e-4)
+    >>> round(straggle(p, 4, 16) * 1e3, 3)
+    0.354
+    """
+    if k <= 1 or m <= 0:
+        return 0.0
+    if prof.env_step_quantiles:
+        return _tail_straggle(prof.env_step_quantiles, int(m), int(k))
+    return prof.env_step_std * math.sqrt(m) * expected_max_z(k)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tail_straggle(quantiles: tuple[float, ...], m: int, k: int, trials: int = 512) -> float:
+    """E[max over ``k`` lanes of the sum of ``m`` steps] minus ``m`` times the mean step, by a
+    seeded resampling of ``quantiles`` (the same figure every call)."""
+    q = np.asarray(quantiles, dtype=np.float64)
+    rng = np.random.default_rng(0)
+    draws = q[rng.integers(0, len(q), size=(trials, k, m))].sum(axis=2)
+    return max(0.0, float(draws.max(axis=1).mean() - m * q.mean()))
 
 
 def actors_per_node(config: Config, node_cores: Sequence[int]) -> list[int]:
@@ -511,7 +566,7 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
     if D > 1:
         # Lock-stepped lanes wait for the slowest: the expected max of D lanes' row times
         # (each the sum of m steps), which grows with the spread and the count.
-        straggle = prof.env_step_std * math.sqrt(m) * expected_max_z(D)
+        lag = straggle(prof, m, D)
         # In the general loop (several batches, or remote replicas; with env workers that
         # is a CPU policy's) the actor steps its own share synchronously while env workers
         # finish theirs; their envs wait for it to hand them on, so each lane's cycle holds
@@ -519,7 +574,7 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
         # steps/s, 6,600 predicted without this, 3,000 with it). Remote replicas keep acting
         # on what they were handed meanwhile: half of it.
         stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
-        s_env = m * te + stall + env_tasks * ipc + straggle
+        s_env = m * te + stall + env_tasks * ipc + lag
     else:
         s_env = E * te
     s_pol = (g / P) * (L + ipc) if P > 1 else g * L
@@ -602,13 +657,13 @@ def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cor
     ipc = _loaded_ipc(prof, busy, cores)
     m = E // D
     q, parts, k = _overlap_parts(config)
-    straggle = prof.env_step_std * math.sqrt(q) * expected_max_z(k)
+    lag = straggle(prof, q, k)
     trip = ipc * (2.0 if P > 1 else 1.0)  # lane -> actor -> replica -> actor -> lane; in the actor: one
     return OverlapBounds(lanes=m * te + parts * 0.5 * ipc,
                          device=(g / P) * (L + ipc) if P > 1 else 0.0,
                          actor=m * te + (g * L if P == 1 else 0.0)
                          + ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds,
-                         cycle=q * te + straggle + L + trip)
+                         cycle=q * te + lag + L + trip)
 
 
 def _overlapped_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
@@ -765,15 +820,15 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
                         f"Profile to the model strategy: ModelStrategy(profile=Profile(...))")
     t_start = time.perf_counter()
     n = int(getattr(executor, "num_envs", len(env_fns)))
-    env_mean, env_std, cpu_frac, obs = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)),
-                                                seconds=env_seconds)
+    env_mean, env_std, cpu_frac, obs, tail = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)),
+                                                      seconds=env_seconds)
     if batch_sizes is None:
         batch_sizes = sorted({2 ** k for k in range(int(math.log2(n)) + 1)} | {n})
     wall: dict[str, dict[int, float]] = {}
     cpu: dict[str, dict[int, float]] = {}
     for dev in devices or ["cpu"]:
         wall[dev], cpu[dev] = time_policy(policy, obs, sorted(set(batch_sizes)), dev, seconds=policy_seconds)
-    return Profile(env_step_seconds=env_mean, env_step_std=env_std, env_cpu_fraction=cpu_frac,
+    return Profile(env_step_seconds=env_mean, env_step_std=env_std, env_step_quantiles=tail, env_cpu_fraction=cpu_frac,
                    obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
                    cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),
                    **collect_fields(executor, num_steps, node_cores), profile_seconds=time.perf_counter() - t_start)
@@ -804,10 +859,23 @@ def collect_fields(executor: Any, num_steps: int | None = None,
     return out
 
 
+class EnvTiming(NamedTuple):
+    """What :func:`time_env` measured of one env."""
+
+    mean: float
+    """Mean step seconds (a reset after an episode ends counts in that step)."""
+    std: float
+    cpu_fraction: float
+    obs: np.ndarray
+    """One observation."""
+    quantiles: tuple[float, ...]
+    """:func:`step_quantiles` of the step times."""
+
+
 def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 20,
-             max_steps: int = 5000) -> tuple[float, float, float, np.ndarray]:
-    """Step one env with seeded random actions; returns (mean step seconds, std, CPU
-    fraction, one observation). A reset after an episode ends counts in that step."""
+             max_steps: int = 5000) -> EnvTiming:
+    """Step one env with seeded random actions for about ``seconds`` (``min_steps`` to
+    ``max_steps`` steps): :class:`EnvTiming`. A reset after an episode ends counts in that step."""
     env = env_fn()
     try:
         obs, _ = env.reset(seed=seed)
@@ -825,7 +893,7 @@ def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 
     finally:
         env.close()
     frac = min(1.0, cpu / wall) if wall > 0 else 1.0
-    return statistics.fmean(times), statistics.pstdev(times), frac, np.asarray(obs)
+    return EnvTiming(statistics.fmean(times), statistics.pstdev(times), frac, np.asarray(obs), step_quantiles(times))
 
 
 def time_policy(policy: Any, obs: np.ndarray, batch_sizes: Sequence[int], device: str = "cpu",

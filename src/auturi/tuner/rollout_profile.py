@@ -79,8 +79,8 @@ def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, n
     env_fns = getattr(executor, "env_fns", None)
     policy = getattr(executor, "policy", None)
     if env_fns and policy is not None and hasattr(policy, "act"):
-        _, std, cpu_frac, obs = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)), seconds=env_seconds,
-                                         max_steps=500)
+        _, std, cpu_frac, obs, tail = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)),
+                                               seconds=env_seconds, max_steps=500)
         wall: dict[str, dict[int, float]] = {}
         cpu: dict[str, dict[int, float]] = {}
         for dev in devices:
@@ -94,7 +94,8 @@ def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, n
             scale = measured / wall[dev][b]
             wall = {d: {k: v * scale for k, v in t.items()} for d, t in wall.items()}
         wall.setdefault(dev, {})[b] = measured
-        prof = prof.replace(env_step_std=std, env_cpu_fraction=cpu_frac, obs_bytes=int(np.asarray(obs).nbytes),
+        prof = prof.replace(env_step_std=std, env_step_quantiles=tail, env_cpu_fraction=cpu_frac,
+                            obs_bytes=int(np.asarray(obs).nbytes),
                             policy_seconds=wall, policy_cpu_seconds=cpu)
     return prof.replace(profile_seconds=time.perf_counter() - t0)
 
@@ -114,14 +115,14 @@ def profile_at_wrap(executor: Any, config: Config, num_steps: int, *, batch_size
     if not env_fns or policy is None or not hasattr(policy, "act"):
         return None
     t0 = time.perf_counter()
-    step, std, cpu_frac, obs = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)), seconds=env_seconds,
-                                        max_steps=500)
+    step, std, cpu_frac, obs, tail = time_env(env_fns[0], seed=int(getattr(executor, "seed", 0)),
+                                              seconds=env_seconds, max_steps=500)
     sizes = sorted(set(batch_sizes) | {config.policy_batch_size})
     wall: dict[str, dict[int, float]] = {}
     cpu: dict[str, dict[int, float]] = {}
     for dev in dict.fromkeys([config.policy_device, *devices]):
         wall[dev], cpu[dev] = time_policy(policy, obs, sizes, dev, seconds=policy_seconds, max_calls=10)
-    prof = Profile(env_step_seconds=step, env_step_std=std, env_cpu_fraction=cpu_frac,
+    prof = Profile(env_step_seconds=step, env_step_std=std, env_step_quantiles=tail, env_cpu_fraction=cpu_frac,
                    obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
                    cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),
                    num_steps=int(num_steps))
