@@ -18,13 +18,26 @@ SubprocVecEnv with the policy on cuda in the main process, ``auturi.tune(devices
 "cuda"], budget_seconds=45)`` then collects with its choice (its predicted against measured
 throughput beside), and one overlapped layout.
 
+Part 3, C++ vector env: Pong in ale-py's ``AtariVectorEnv`` (ale-py >= 0.11; its standard
+preprocessing in C++: 84x84 grey, frame skip 4, 4 stacked frames), 64 envs x 64 steps, the same
+CNN on cuda: ``ale_envs_only`` (the vector env alone, random actions: its ceiling),
+``ale_alone`` (the vector env alone in sync mode, ``batch_size`` 64, a C++ thread per core, the
+policy acting on every batch in this process) and Auturi on ``ale:pong`` in lockstep layouts
+(:data:`ALE_LAYOUTS`: each actor's envs stay in one vector env on its C++ threads), then
+``auturi.tune("ale:pong")`` over lockstep layouts only (20 s) and its choice; ratios against
+``ale_alone`` and ``ale_envs_only``. Skipped, with the reason, where ale-py has no
+``AtariVectorEnv``.
+
 Runs that would not end within ``--budget-seconds`` (estimated from the runs before them) are
 skipped and named in the table; a run that fails is recorded with its error and the others go
-on. Records: ``DIR/part1_sb3_ppo.json``, ``DIR/part2_collect.json``, ``DIR/summary.md``.
+on. The order: part 1 at its first step count, part 2, part 1's longer runs, then part 3 (the
+SB3 recipe at both lengths is what the GPU targets are read from; a short budget cuts part 3
+first). Records: ``DIR/part1_sb3_ppo.json``,
+``DIR/part2_collect.json``, ``DIR/part3_ale_vector.json``, ``DIR/summary.md``.
 
 One module over 400 lines: it is the one script a GPU box runs from the project's tree with
-nothing but torch, gymnasium, SB3 and ale-py beside auturi, so both parts, the time budget,
-the records and the summary travel together.
+nothing but torch, gymnasium, SB3 and ale-py beside auturi, so the three parts, the time
+budget, the records and the summary travel together.
 
 Run (GPU box):  PYTHONPATH=src python -m bench.gpu --out DIR
 Check (no GPU): PYTHONPATH=src python -m bench.gpu --smoke --out /tmp/gpu_smoke   (tiny, on cpu)
@@ -62,6 +75,12 @@ FIXED = "2,16,8,1,cuda,16"
 OVERLAP = "1,64,32,4,cuda,16"
 """Part 2's overlapped layout: 4 CUDA replicas of batch 16 over 64 envs in 32 env lanes, so the
 actor's envs step while other batches are in inference (``ActorPlan.overlap``)."""
+ALE_LAYOUTS = ("1,64,1,1,cuda,64", "2,32,1,1,cuda,32", "4,16,1,1,cuda,16")
+"""Part 3's Auturi layouts on ``ale:pong``: lockstep (one CUDA replica in each actor, a batch of
+all its envs, degree 1), so every step names all of an actor's envs and they stay in ONE
+``AtariVectorEnv`` on its C++ threads; a step naming only some would move them to one-env
+vector envs (``auturi.envs.ale_vector``), which is not the design being compared. 1 actor
+runs in this process; 2 and 4 actors overlap one actor's inference with another's stepping."""
 SYSTEMS_1 = ("sb3_subproc", "wrap_dummy", "wrap_subproc", "fixed")
 LABELS_1 = {"sb3_subproc": "plain SB3, SubprocVecEnv",
             "wrap_dummy": "`auturi.wrap(model)`, DummyVecEnv model (online, empty cache)",
@@ -108,13 +127,27 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                 "steps": args.steps or [32_768, 98_304], "fixed": args.fixed or FIXED,
                 "collect_envs": 64, "collect_steps": 64, "collect_samples": 3, "ceiling_procs": args.ceiling_procs,
                 "tune_seconds": 45.0, "tune_devices": ["cpu", "cuda"], "overlap": args.overlap or OVERLAP,
-                "env": "pong"}
+                "env": "pong",
+                "ale_game": "pong", "ale_envs": 64, "ale_steps": 64, "ale_samples": 3, "ale_device": "cuda",
+                "ale_threads": min(_cores(), 64), "ale_layouts": args.ale_layouts or list(ALE_LAYOUTS),
+                "ale_tune_seconds": 20.0 if args.ale_tune_seconds is None else args.ale_tune_seconds}
     ale = _has_ale()
     return {"device": "cpu", "atari": ale, "n_envs": 4, "n_steps": 16, "batch_size": 32, "n_epochs": 1,
             "steps": args.steps or [128, 256], "fixed": args.fixed or "2,2,2,1,cpu,2",
             "collect_envs": 4, "collect_steps": 8, "collect_samples": 2, "ceiling_procs": 2,
             "tune_seconds": 4.0, "tune_devices": ["cpu"], "overlap": args.overlap or "1,4,2,2,cpu,2",
-            "env": "pong" if ale else "cartpole"}
+            "env": "pong" if ale else "cartpole",
+            "ale_game": "pong", "ale_envs": 4, "ale_steps": 8, "ale_samples": 2, "ale_device": "cpu",
+            "ale_threads": min(_cores(), 4), "ale_layouts": args.ale_layouts or SMOKE_ALE_LAYOUTS,
+            "ale_tune_seconds": SMOKE_ALE_TUNE if args.ale_tune_seconds is None else args.ale_tune_seconds}
+
+
+def _cores() -> int:
+    """The cores this process may run on (the C++ threads of part 3's vector envs: one each)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 # -- part 1: SB3 PPO end to end
@@ -378,6 +411,32 @@ def _sample(runner: Any, s: dict[str, Any]) -> dict[str, Any]:
     return summarize([runner.run(s["collect_steps"]) for _ in range(s["collect_samples"])])
 
 
+def _measure(part: str, rows: dict[str, dict], skipped: list[str], clock: "Clock", s: dict[str, Any], name: str,
+             build: Callable[[], Any], est: float, extra: Callable[[Any], dict] | None = None) -> None:
+    """Build one system, :func:`_sample` it (``s``'s ``collect_steps`` and ``collect_samples``)
+    and close it into ``rows[name]`` (its error instead, if it fails); skipped, and named in
+    ``skipped``, when ``est`` seconds would overrun the budget."""
+    if not clock.allows(est):
+        skipped.append(f"{name} (estimated {est:.0f} s, {clock.left():.0f} s left)")
+        print(f"{part}: skipped {skipped[-1]}", flush=True)
+        return
+    print(f"{part}: {name} ...", flush=True)
+    runner, t0 = None, time.perf_counter()
+    try:
+        runner = build()
+        rows[name] = {"steps_per_second": _sample(runner, s), "settings": getattr(runner, "settings", None)}
+        if extra is not None:
+            rows[name].update(extra(runner))
+    except Exception as e:
+        rows[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    finally:
+        if runner is not None:
+            runner.close()
+    rows[name]["seconds"] = time.perf_counter() - t0
+    sps = rows[name].get("steps_per_second")
+    print(f"   {name}: " + (f"{sps['median']:,.0f} steps/s" if sps else rows[name]["error"]), flush=True)
+
+
 def part2(s: dict[str, Any], clock: "Clock") -> dict[str, Any]:
     """The collection systems one after another, each built, sampled and closed before the
     next starts (so no two hold the cores at once)."""
@@ -389,27 +448,7 @@ def part2(s: dict[str, Any], clock: "Clock") -> dict[str, Any]:
     rows: dict[str, dict] = {}
     skipped: list[str] = []
 
-    def measure(name: str, build: Callable[[], Any], est: float, extra: Callable[[Any], dict] | None = None) -> None:
-        if not clock.allows(est):
-            skipped.append(f"{name} (estimated {est:.0f} s, {clock.left():.0f} s left)")
-            print(f"part 2: skipped {skipped[-1]}", flush=True)
-            return
-        print(f"part 2: {name} ...", flush=True)
-        runner, t0 = None, time.perf_counter()
-        try:
-            runner = build()
-            rows[name] = {"steps_per_second": _sample(runner, s), "settings": getattr(runner, "settings", None)}
-            if extra is not None:
-                rows[name].update(extra(runner))
-        except Exception as e:
-            rows[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        finally:
-            if runner is not None:
-                runner.close()
-        rows[name]["seconds"] = time.perf_counter() - t0
-        sps = rows[name].get("steps_per_second")
-        print(f"   {name}: " + (f"{sps['median']:,.0f} steps/s" if sps else rows[name]["error"]), flush=True)
-
+    measure = functools.partial(_measure, "part 2", rows, skipped, clock, s)
     measure("envs_only", lambda: Ceiling(make_env, n, s["ceiling_procs"]), 15)
     # SB3's SubprocVecEnv with its default start method (forkserver), the policy in this process
     # on the model's device: what SB3's PPO does on a GPU.
@@ -457,6 +496,12 @@ def tune(make_env: Callable[[], Any], s: dict[str, Any]) -> dict[str, Any]:
 
     rep = auturi.tune(make_env, policy=_policy(s, "cpu"), num_envs=s["collect_envs"], num_steps=s["collect_steps"],
                       budget_seconds=s["tune_seconds"], devices=s["tune_devices"], cache=False)
+    return _tune_record(rep)
+
+
+def _tune_record(rep: Any) -> dict[str, Any]:
+    """A :class:`auturi.TuneReport` as a record: its choice (``config``, popped before writing),
+    what it predicted and measured for it, its limit line and its trials."""
     choice = rep.choice
     pred = [t.predicted for t in rep.trials if t.config == choice and t.predicted]
     return {"config": choice, "choice": str(choice), "tuner_measured": rep.throughput,
@@ -464,6 +509,167 @@ def tune(make_env: Callable[[], Any], s: dict[str, Any]) -> dict[str, Any]:
             "reason": rep.reason, "seconds": rep.seconds,
             "trials": [{"config": str(t.config), "source": t.source, "estimate": t.estimate, "predicted": t.predicted,
                         "status": t.status} for t in rep.trials]}
+
+
+# -- part 3: C++ vector env (ale-py's AtariVectorEnv)
+SMOKE_ALE_LAYOUTS = ["1,4,1,1,cpu,4"]
+"""Part 3's layout in a smoke run: the first of :data:`ALE_LAYOUTS`, tiny and on cpu. Only the
+one whose actor runs in this process: a layout with actor processes took 12 s more on a loaded
+2-core machine (2026-11-26), and runs the same code here (``--ale-layouts 2,2,1,1,cpu,2`` adds it)."""
+SMOKE_ALE_TUNE = 0.0
+"""Part 3's tune in a smoke run: none (0: skipped, named), to keep the run a few seconds."""
+
+
+def _ale_unavailable() -> str | None:
+    """Why part 3 cannot run here (ale-py missing, or too old for ``AtariVectorEnv``), or None."""
+    from auturi.envs.ale_vector import INSTALL, ale_vector_available
+
+    if ale_vector_available():
+        return None
+    return f"ale-py's AtariVectorEnv cannot be imported here (ale-py is missing or older than 0.11): {INSTALL}"
+
+
+class AleAlone:
+    """ale-py's ``AtariVectorEnv`` alone, driven as its documentation does: ``num_envs`` envs
+    in sync mode (``batch_size == num_envs``), ``num_threads`` C++ threads, its own NEXT_STEP
+    auto-reset; ``run(T)`` is ``T`` batches of send/recv with the policy acting on each batch
+    in this process (``policy`` None: uniform random actions, no policy: the envs' ceiling)."""
+
+    def __init__(self, game: str, num_envs: int, num_threads: int, policy: Any = None, seed: int = 0):
+        import numpy as np
+        from ale_py.vector_env import AtariVectorEnv
+
+        self.env = AtariVectorEnv(game, num_envs, batch_size=num_envs, num_threads=num_threads)
+        self.policy, self.n = policy, num_envs
+        self.num_actions = int(self.env.single_action_space.n)
+        self.rng = np.random.default_rng(seed)
+        self.obs, _ = self.env.reset(seed=seed)
+        self.settings = {"game": game, "num_envs": num_envs, "batch_size": num_envs, "num_threads": num_threads,
+                         "policy": None if policy is None else str(getattr(policy, "device", "?"))}
+
+    def run(self, num_steps: int) -> float:
+        import numpy as np
+
+        from bench.common import act
+
+        env, rng = self.env, self.rng
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            if self.policy is None:
+                a = rng.integers(0, self.num_actions, self.n)
+            else:  # AtariVectorEnv.send takes int32/int64 arrays of batch_size actions
+                a = np.asarray(act(self.policy, self.obs, rng), dtype=np.int64).reshape(self.n)
+            env.send(a)
+            self.obs, *_ = env.recv()
+        return num_steps * self.n / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+            # AtariVectorEnv.close leaves its C++ vectorizer to the garbage collector; dropping
+            # it now joins its threads before the next system takes the cores.
+            env.__dict__.pop("ale", None)
+
+
+def _layout_key(cfg: Any) -> str:
+    """``auturi_ale_2x32_d1``: a part-3 row's name for a layout."""
+    return f"auturi_ale_{cfg.num_actors}x{cfg.envs_per_actor}_d{cfg.env_parallel_degree}"
+
+
+def lockstep_space(num_envs: int, devices: list[str], cores: int | None = None) -> Any:
+    """``auturi.build_space(num_envs)`` less every layout whose actors do not all run the
+    lockstep loop (each moved to ``pruned`` with why): the layouts that keep each runner's
+    envs in one ``AtariVectorEnv`` (see :data:`ALE_LAYOUTS`)."""
+    import dataclasses
+
+    from auturi import build_space
+    from auturi.executor.layout import plan_layout
+
+    space = build_space(num_envs, cores=cores, devices=devices)
+    keep, drop = [], []
+    for c in space.configs:
+        (keep if all(a.lockstep for a in plan_layout(c).actors) else drop).append(c)
+    why = "not lockstep: a step would name only some of a runner's envs and split its AtariVectorEnv"
+    return dataclasses.replace(space, configs=keep, pruned=list(space.pruned) + [(c, why) for c in drop])
+
+
+def tune_ale(env_id: str, s: dict[str, Any], start: Any) -> dict[str, Any]:
+    """``auturi.tune(env_id)`` (no cache) over :func:`lockstep_space` on ``ale_device``,
+    starting from ``start``; its record (:func:`_tune_record`) and the space's size."""
+    import auturi
+
+    space = lockstep_space(s["ale_envs"], [s["ale_device"]])
+
+    def lockstep_only(tuner: Any, executor: Any) -> None:
+        # auturi.tune takes no space; its Tuner does (``space=``), and builds its own only when
+        # it has none when the search begins, which is after this hook.
+        tuner.space = space
+
+    rep = auturi.tune(env_id, policy=_policy({"env": "pong"}, "cpu"), num_envs=s["ale_envs"],
+                      num_steps=s["ale_steps"], budget_seconds=s["ale_tune_seconds"], devices=[s["ale_device"]],
+                      start=start, cache=False, on_start=lockstep_only)
+    return {**_tune_record(rep), "space": len(space),
+            "pruned_not_lockstep": sum(1 for _, why in space.pruned if why.startswith("not lockstep"))}
+
+
+def part3(s: dict[str, Any], clock: "Clock") -> dict[str, Any]:
+    """The vector env alone (random actions; the policy on every batch), then Auturi on
+    ``ale:GAME`` in each lockstep layout, then a short lockstep-only tune and its choice; each
+    built, sampled and closed before the next (as part 2)."""
+    st = {k: s[k] for k in ("ale_game", "ale_envs", "ale_steps", "ale_samples", "ale_device", "ale_threads",
+                            "ale_layouts", "ale_tune_seconds")}
+    why = _ale_unavailable()
+    if why:
+        print(f"part 3: skipped: {why}", flush=True)
+        return {"settings": st, "unavailable": why, "systems": {}, "tune": {}, "skipped": []}
+    from bench.peers import AuturiRunner
+
+    game, n, dev, threads = s["ale_game"], s["ale_envs"], s["ale_device"], s["ale_threads"]
+    env_id = "ale:" + game
+    rows: dict[str, dict] = {}
+    skipped: list[str] = []
+    pong = {"env": "pong"}  # _policy's Nature CNN (4 frames, 6 actions: Pong's minimal action set)
+    measure = functools.partial(_measure, "part 3", rows, skipped, clock,
+                                {"collect_steps": s["ale_steps"], "collect_samples": s["ale_samples"]})
+    measure("ale_envs_only", lambda: AleAlone(game, n, threads), 10)
+    measure("ale_alone", lambda: AleAlone(game, n, threads, _policy(pong, dev)), 10)
+    layouts = [_config(t) for t in s["ale_layouts"]]
+    for cfg in layouts:
+        name = _layout_key(cfg)
+        while name in rows:  # two layouts with one name (they differ in a knob the name leaves out)
+            name += "+"
+        measure(name, lambda cfg=cfg: AuturiRunner(env_id, _policy(pong, "cpu"), n, cfg, warmup_steps=0), 15,
+                lambda r, cfg=cfg: {"config": str(cfg)})
+    tuned: dict[str, Any] = {}
+    if s["ale_tune_seconds"] <= 0:
+        skipped.append("auturi.tune (no tune asked: --ale-tune-seconds 0)")
+    elif clock.allows(s["ale_tune_seconds"] + 20):
+        print(f"part 3: auturi.tune({env_id!r}), lockstep layouts, {s['ale_tune_seconds']:.0f} s ...", flush=True)
+        try:
+            tuned = tune_ale(env_id, s, layouts[0] if layouts else None)
+        except Exception as e:
+            tuned = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        print("   tuned: " + (tuned.get("choice") or tuned.get("error", "")), flush=True)
+    else:
+        skipped.append(f"auturi.tune ({s['ale_tune_seconds']:.0f} s budget, {clock.left():.0f} s left)")
+    if "config" in tuned:
+        cfg = tuned.pop("config")
+        measure("auturi_ale_tuned", lambda: AuturiRunner(env_id, _policy(pong, "cpu"), n, cfg, warmup_steps=0), 15,
+                lambda r: {"config": str(cfg)})
+        t = rows.get("auturi_ale_tuned") or {}
+        if t.get("steps_per_second") and tuned.get("predicted"):
+            tuned["measured_here"] = t["steps_per_second"]["median"]
+            tuned["predicted_over_measured"] = tuned["predicted"] / tuned["measured_here"]
+    alone = (rows.get("ale_alone") or {}).get("steps_per_second")
+    ceil = (rows.get("ale_envs_only") or {}).get("steps_per_second")
+    for r in rows.values():
+        sps = r.get("steps_per_second")
+        if sps and alone:
+            r["vs_ale_alone"] = sps["median"] / alone["median"]
+        if sps and ceil:
+            r["vs_envs_only"] = sps["median"] / ceil["median"]
+    return {"settings": st, "systems": rows, "tune": tuned, "skipped": skipped}
 
 
 # -- the machine, the budget, the records
@@ -526,8 +732,9 @@ def _f(x: Any, fmt: str = "{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def summary(part1_rec: dict | None, part2_rec: dict | None, machine: dict, command: str) -> str:
-    """The markdown summary of both parts' records (either may be None: not run)."""
+def summary(part1_rec: dict | None, part2_rec: dict | None, machine: dict, command: str,
+            part3_rec: dict | None = None) -> str:
+    """The markdown summary of the parts' records (any may be None: not run)."""
     gpu = machine.get("gpu") or "no GPU"
     v = machine.get("versions", {})
     lines = [f"# bench.gpu ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
@@ -539,6 +746,8 @@ def summary(part1_rec: dict | None, part2_rec: dict | None, machine: dict, comma
         lines += _part1_md(part1_rec)
     if part2_rec is not None:
         lines += _part2_md(part2_rec)
+    if part3_rec is not None:
+        lines += _part3_md(part3_rec)
     return "\n".join(lines) + "\n"
 
 
@@ -589,6 +798,16 @@ def _part1_md(rec: dict) -> list[str]:
     return out + [""]
 
 
+def _system_row(label: str, r: dict, versus: str) -> str:
+    """One system's table row: its median rate, its ratio ``versus`` its peer, its share of the
+    envs-only ceiling (or its error)."""
+    label = label.replace("|", "/")
+    if "error" in r:
+        return f"| {label} | error: {r['error'][:80]} | - | - |"
+    return (f"| {label} | {r['steps_per_second']['median']:,.0f} | {_f(r.get(versus), '{:.2f}x')} "
+            f"| {_f(r.get('vs_envs_only'), '{:.0%}')} |")
+
+
 def _part2_md(rec: dict) -> list[str]:
     if "error" in rec:
         return ["## Part 2: collection only", "", f"Failed: {rec['error']}", ""]
@@ -604,12 +823,7 @@ def _part2_md(rec: dict) -> list[str]:
         label = names.get(k, k) + (f": {r['config']}" if r.get("config") else "")
         if r.get("overlap") is not None:
             label += f" (overlap {r['overlap']})"
-        label = label.replace("|", "/")
-        if "error" in r:
-            out.append(f"| {label} | error: {r['error'][:80]} | - | - |")
-            continue
-        out.append(f"| {label} | {r['steps_per_second']['median']:,.0f} | {_f(r.get('vs_sb3_subproc'), '{:.2f}x')} "
-                   f"| {_f(r.get('vs_envs_only'), '{:.0%}')} |")
+        out.append(_system_row(label, r, "vs_sb3_subproc"))
     t = rec.get("tune") or {}
     if "error" in t:
         out += ["", f"auturi.tune failed: {t['error']}"]
@@ -625,6 +839,40 @@ def _part2_md(rec: dict) -> list[str]:
     return out + [""]
 
 
+def _part3_md(rec: dict) -> list[str]:
+    title = "## Part 3: C++ vector env (ale-py's AtariVectorEnv)"
+    if "error" in rec:
+        return [title, "", f"Failed: {rec['error']}", ""]
+    if rec.get("unavailable"):
+        return [title, "", f"Not run: {rec['unavailable']}", ""]
+    st = rec["settings"]
+    out = [title,
+           f"ale:{st['ale_game']} (AtariVectorEnv's own preprocessing: 84x84 grey, frame skip 4, 4 frames), "
+           f"{st['ale_envs']} envs x {st['ale_steps']} steps per collect, Nature CNN on {st['ale_device']}; median "
+           f"of {st['ale_samples']} collects after a warm one", "",
+           "| system | steps/s | vs AtariVectorEnv alone | vs its envs only |", "|---|---:|---:|---:|"]
+    names = {"ale_envs_only": f"AtariVectorEnv alone, random actions ({st['ale_threads']} threads): envs only",
+             "ale_alone": f"AtariVectorEnv alone, policy on every batch ({st['ale_threads']} threads, batch "
+                          f"{st['ale_envs']})",
+             "auturi_ale_tuned": f"Auturi on ale:{st['ale_game']}, tuned (lockstep layouts)"}
+    for k, r in rec["systems"].items():
+        label = names.get(k, f"Auturi on ale:{st['ale_game']}" if k.startswith("auturi_ale") else k)
+        out.append(_system_row(label + (f": {r['config']}" if r.get("config") else ""), r, "vs_ale_alone"))
+    t = rec.get("tune") or {}
+    if "error" in t:
+        out += ["", f"auturi.tune failed: {t['error']}"]
+    elif t:
+        lim = t.get("limit") or {}
+        out += ["", f"Tuner ({st['ale_tune_seconds']:.0f} s, {t.get('space')} lockstep layouts on "
+                f"{st['ale_device']}): chose {_c(t['choice'])}; predicted {_f(t.get('predicted'), '{:,.0f}')} "
+                f"steps/s, measured by the tuner {_f(t.get('tuner_measured'), '{:,.0f}')}, here "
+                f"{_f(t.get('measured_here'), '{:,.0f}')}; its limit {_f(lim.get('steps_per_second'), '{:,.0f}')} "
+                f"steps/s (share {_f(t.get('limit_share'), '{:.0%}')})"]
+    if rec["skipped"]:
+        out += ["", "Skipped: " + "; ".join(rec["skipped"])]
+    return out + [""]
+
+
 def _write(path: str, rec: dict) -> None:
     with open(path, "w") as f:
         json.dump(rec, f, indent=1, default=str)
@@ -635,7 +883,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the records (made if missing)")
     ap.add_argument("--smoke", action="store_true", help="everything tiny on cpu (CartPole in part 1 without ale-py)")
-    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2], choices=[1, 2])
+    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
     ap.add_argument("--steps", type=int, nargs="+", default=None,
                     help="part 1's learn lengths (default 32768 98304; smoke 128 256)")
     ap.add_argument("--long-systems", nargs="+", default=["sb3_subproc", "wrap_dummy"], choices=SYSTEMS_1,
@@ -643,6 +891,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default wrap; the others only when named)")
     ap.add_argument("--fixed", default=None, help=f"part 1's fixed layout, six fields (default {FIXED})")
     ap.add_argument("--overlap", default=None, help=f"part 2's overlapped layout (default {OVERLAP})")
+    ap.add_argument("--ale-layouts", nargs="+", default=None,
+                    help=f"part 3's Auturi layouts on ale:pong, six fields each (default {' '.join(ALE_LAYOUTS)})")
+    ap.add_argument("--ale-tune-seconds", type=float, default=None,
+                    help="part 3's lockstep-only auturi.tune budget (default 20; smoke 0; 0 = no tune)")
     ap.add_argument("--ceiling-procs", type=int, default=16, help="processes of the envs-only ceiling")
     ap.add_argument("--budget-seconds", type=float, default=330.0,
                     help="skip a run that would end after this many seconds of the whole script (default 330: "
@@ -661,9 +913,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.smoke:
         torch.set_num_threads(1)  # the smoke check shares a small machine
     recs: dict[int, dict] = {}
-    order = [p for p in (1, 2) if p in args.parts]
-    # Part 1 at its first step count, then part 2, then part 1's longer runs: what a short
-    # budget cuts is the 98k runs, not a whole part.
+    order = [p for p in (1, 2, 3) if p in args.parts]
+    # Part 1 at its first step count, then part 2, then part 1's longer runs, then part 3:
+    # the SB3 recipe at both lengths is what the GPU targets are read from (issue 32), so a
+    # short budget cuts part 3 (a comparison with ale-py's own vector env) first.
     p1_long = s["steps"][1:]
     if 1 in order:
         try:
@@ -682,13 +935,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "skipped": recs[1]["skipped"] + more["skipped"]}
         except Exception as e:
             recs[1]["error_long"] = f"{type(e).__name__}: {e}"
+    if 3 in order:
+        try:
+            recs[3] = part3(s, clock)
+        except Exception as e:
+            recs[3] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     machine = machine_facts(args.smoke)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    for p, name in ((1, "part1_sb3_ppo.json"), (2, "part2_collect.json")):
+    for p, name in ((1, "part1_sb3_ppo.json"), (2, "part2_collect.json"), (3, "part3_ale_vector.json")):
         if p in recs:
             _write(os.path.join(args.out, name), {"machine": machine, "command": command, "written": started,
                                                   "smoke": args.smoke, **recs[p]})
-    md = summary(recs.get(1), recs.get(2), machine, command)
+    md = summary(recs.get(1), recs.get(2), machine, command, recs.get(3))
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(md)
     print()

@@ -2,7 +2,8 @@
 ratios and its summary on synthetic records, and the envs-only ceiling's processes. The whole
 ``--smoke`` run takes ~55 s on a loaded 2-core machine (2026-11-26), over this file's share of
 CI, so it is not run here: run it by hand (``PYTHONPATH=src python -m bench.gpu --smoke --out
-/tmp/gpu_smoke``)."""
+/tmp/gpu_smoke``). Its part 3 alone (ale-py's ``AtariVectorEnv``, tiny, on cpu) takes a few
+seconds and is run here."""
 from __future__ import annotations
 
 import os
@@ -35,12 +36,42 @@ def test_defaults_are_the_gpu_recipe_and_smoke_is_tiny_on_cpu():
     smoke = gpu.settings(gpu.parse_args(["--out", "x", "--smoke", "--steps", "64"]))
     assert smoke["device"] == "cpu" and "cuda" not in smoke["tune_devices"] and smoke["steps"] == [64]
     assert gpu._config(smoke["fixed"]).policy_device == "cpu" and gpu._config(smoke["overlap"]).policy_device == "cpu"
+    # part 3: Pong in AtariVectorEnv, 64 envs x 64 steps on cuda; the smoke run tiny, on cpu, no tune
+    assert (full["ale_game"], full["ale_envs"], full["ale_steps"], full["ale_device"]) == ("pong", 64, 64, "cuda")
+    assert full["ale_layouts"] == list(gpu.ALE_LAYOUTS) and full["ale_tune_seconds"] > 0
+    assert 1 <= full["ale_threads"] <= 64
+    assert (smoke["ale_envs"], smoke["ale_device"], smoke["ale_tune_seconds"]) == (4, "cpu", 0)
+    assert all(gpu._config(t).policy_device == "cpu" and gpu._config(t).num_envs == 4 for t in smoke["ale_layouts"])
+    assert gpu.settings(gpu.parse_args(["--out", "x", "--ale-tune-seconds", "5"]))["ale_tune_seconds"] == 5
+    assert gpu.parse_args(["--out", "x"]).parts == [1, 2, 3]
 
 
 def test_the_overlapped_default_is_an_overlapped_plan():
     from auturi.executor.layout import plan_layout
 
     assert all(a.overlap for a in plan_layout(gpu._config(gpu.OVERLAP)).actors)
+
+
+def test_the_ale_layouts_are_lockstep_so_each_runner_keeps_one_vector_env():
+    from auturi.executor.layout import plan_layout
+
+    for text in gpu.ALE_LAYOUTS + tuple(gpu.SMOKE_ALE_LAYOUTS):
+        plan = plan_layout(gpu._config(text))
+        assert all(a.lockstep and len(a.env_shares) == 1 for a in plan.actors), text
+    assert {gpu._config(t).num_envs for t in gpu.ALE_LAYOUTS} == {64}
+    assert gpu._layout_key(gpu._config("2,32,1,1,cuda,32")) == "auturi_ale_2x32_d1"
+
+
+def test_the_lockstep_space_keeps_only_lockstep_layouts_and_says_why_of_the_rest():
+    from auturi import Config, build_space
+    from auturi.executor.layout import plan_layout
+
+    full = build_space(8, cores=2, devices=["cpu"])
+    space = gpu.lockstep_space(8, ["cpu"], cores=2)
+    assert 0 < len(space) < len(full) and Config.serial(8) in space
+    assert all(all(a.lockstep for a in plan_layout(c).actors) for c in space.configs)
+    dropped = [c for c, why in space.pruned if why.startswith("not lockstep")]
+    assert len(dropped) == len(full) - len(space) and not any(c in space for c in dropped)
 
 
 def _run(kind: str, steps: int, learn: float, **kw) -> dict:
@@ -66,7 +97,7 @@ def test_estimates_scale_the_shorter_run_and_know_nothing_before_it():
 
 def test_the_clock_refuses_what_would_overrun():
     c = gpu.Clock(100.0)
-    assert c.allows(10.0) and not c.allows(1000.0)
+    assert c.allows(10.0) and not c.allows(1000.0) and c.left() <= 100.0
 
 
 def _records() -> tuple[dict, dict, dict]:
@@ -131,3 +162,74 @@ def test_the_ceiling_steps_its_envs_in_processes_and_ends_them():
     finally:
         c.close()
     assert all(not p.is_alive() for p in c.procs)
+
+
+def _part3_record() -> dict:
+    cfg = "actors=2 x envs=32 | env_degree=1 | policies=1@cuda batch=32"
+    return {"settings": {"ale_game": "pong", "ale_envs": 64, "ale_steps": 64, "ale_samples": 3, "ale_device": "cuda",
+                         "ale_threads": 16, "ale_layouts": list(gpu.ALE_LAYOUTS), "ale_tune_seconds": 20.0},
+            "systems": {"ale_envs_only": {"steps_per_second": {"median": 40_000.0}, "vs_envs_only": 1.0,
+                                          "vs_ale_alone": 2.0},
+                        "ale_alone": {"steps_per_second": {"median": 20_000.0}, "vs_envs_only": 0.5,
+                                      "vs_ale_alone": 1.0},
+                        "auturi_ale_2x32_d1": {"steps_per_second": {"median": 30_000.0}, "config": cfg,
+                                               "vs_envs_only": 0.75, "vs_ale_alone": 1.5},
+                        "auturi_ale_4x16_d1": {"error": "RuntimeError: cuda gone", "config": cfg}},
+            "tune": {"choice": cfg, "predicted": 33_000.0, "tuner_measured": 31_000.0, "space": 12,
+                     "limit": {"steps_per_second": 40_000.0}, "limit_share": 0.8},
+            "skipped": ["auturi_ale_tuned (estimated 15 s, 3 s left)"]}
+
+
+def test_the_summary_shows_part3_against_the_vector_env_alone_and_its_ceiling():
+    p1, p2, machine = _records()
+    md = gpu.summary(p1, p2, machine, "c", _part3_record())
+    part3 = md[md.index("## Part 3"):]
+    row = next(ln for ln in part3.splitlines() if ln.startswith("| Auturi on ale:pong: actors=2"))
+    assert "| 30,000 | 1.50x | 75% |" in row and row.count(" | ") == 3  # the config's own | are escaped
+    assert "| 20,000 | 1.00x | 50% |" in part3 and "error: RuntimeError: cuda gone" in part3
+    assert "12 lockstep layouts" in part3 and "predicted 33,000" in part3 and "share 80%" in part3
+    assert "Skipped: auturi_ale_tuned" in part3
+    assert gpu.summary(None, None, machine, "c", {"unavailable": "no AtariVectorEnv"}).count("Not run: no Atari") == 1
+
+
+def test_part3_is_skipped_with_its_reason_where_ale_py_has_no_vector_env(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "_ale_unavailable", lambda: "ale-py older than 0.11")
+    monkeypatch.setattr(gpu, "AleAlone", None)  # anything built would fail: nothing may be
+    s = gpu.settings(gpu.parse_args(["--out", "x", "--smoke"]))
+    rec = gpu.part3(s, gpu.Clock(100.0))
+    assert rec["unavailable"] == "ale-py older than 0.11" and rec["systems"] == {}
+    assert "Not run: ale-py older than 0.11" in gpu.summary(None, None, {"versions": {}}, "c", rec)
+
+
+def test_the_smoke_run_of_part3_measures_every_system_on_cpu(tmp_path):
+    """The smoke run's part 3 as the script writes it: the vector env alone (random actions;
+    the CNN on every batch) and Auturi on ``ale:pong`` in both smoke layouts, every rate > 0,
+    the ratios against the vector env alone and its ceiling, every process ended."""
+    from auturi.envs.ale_vector import ale_vector_available
+
+    if not ale_vector_available():
+        pytest.skip("ale-py's AtariVectorEnv is not installed (pip install 'ale-py>=0.11')")
+    import json
+
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        gpu.main(["--smoke", "--parts", "3", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)  # the smoke run sets 1 for its process: this is pytest's
+    with open(tmp_path / "part3_ale_vector.json") as f:
+        rec = json.load(f)
+    assert rec["smoke"] and rec["settings"]["ale_envs"] == 4 and rec["settings"]["ale_device"] == "cpu"
+    rows = rec["systems"]
+    keys = ["ale_envs_only", "ale_alone"] + [gpu._layout_key(gpu._config(t)) for t in gpu.SMOKE_ALE_LAYOUTS]
+    assert list(rows) == keys, rows
+    for k in keys:
+        assert "error" not in rows[k], rows[k].get("traceback")
+        assert rows[k]["steps_per_second"]["median"] > 0 and rows[k]["vs_envs_only"] > 0, k
+        assert rows[k]["vs_ale_alone"] > 0, k
+    assert rows["ale_alone"]["vs_ale_alone"] == pytest.approx(1.0)
+    assert rows["ale_envs_only"]["settings"]["num_threads"] == rec["settings"]["ale_threads"]
+    assert rec["skipped"] == ["auturi.tune (no tune asked: --ale-tune-seconds 0)"]
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Part 3" in md and "Part 1" not in md and "Part 2" not in md
