@@ -103,3 +103,19 @@ def test_the_begin_time_move_without_a_horizon_weighs_its_reconfigure():
     first = wrap_move(table, 100.0, gain=2.0, device="cpu", collect_steps=400, estimate=cost.__getitem__)
     assert first == cheap  # 0.2 + 8 x 1.0 s against 3.0 + 8 x 0.89 s; the CUDA layout is on another device
     assert wrap_move(table, 100.0, gain=10.0, device="cpu", collect_steps=400, estimate=cost.__getitem__) is None
+
+
+def test_serial_is_needless_after_a_subprocvecenv_start_once_it_measured_or_a_wrap_move_stood_for_it():
+    from auturi.tuner.online_begin import Opening
+
+    start = Config(1, 4, 4, 1, "cuda", 4)
+    opening = Opening(OnlineSettings(), None, None, None, start)
+    assert not opening.serial_needless([])  # no room found yet: serial is measured as before
+    opening.room = True
+    assert not opening.serial_needless([])  # the start not measured, no move made for it
+    assert opening.serial_needless([trial(start, "start", 100.0)])
+    opening.start_pred = 100.0  # a wrap-time move: the start's prediction stood in for its measure
+    assert opening.serial_needless([])
+    in_caller = Opening(OnlineSettings(), None, None, None, SERIAL)
+    in_caller.room, in_caller.start_pred = True, 100.0
+    assert not in_caller.serial_needless([])  # a start in the caller: serial is its baseline
