@@ -2,6 +2,10 @@
 (PPO, A2C) in the executor's replicas, sampling from the executor's per-env noise.
 
 Nothing here imports torch or SB3 at import time: env workers unpickle the adapter too.
+
+Over 400 lines on purpose: the replica's network, its sampling and the weights it publishes
+and loads (:class:`ModelViews`, the shared tensors sent once) are one object's two sides, the
+trainer's and the replica's; apart, each would need the other's naming of the tensors.
 """
 from __future__ import annotations
 
