@@ -90,9 +90,12 @@ def sizing(mode: str) -> Sizing:
     from bench.workloads import WORKLOADS
 
     if mode == "smoke":
-        return Sizing(workloads=["cartpole"], rounds=2, tune_seconds=2.0, max_trial_seconds=0.5, rllib_runners=[0],
-                      e2e=[("cartpole", 512, 1)], envstep_ns=[1, 2], envstep_steps=200, envstep_rounds=1,
-                      actors=[], rows=32, num_envs=4, e2e_kinds=("sb3", "fixed"), torchrl=("torchrl_multisync",))
+        # Shapes, not numbers: 3 envs make TorchRL's layout one worker process (a spawned
+        # interpreter importing torch, seconds each) instead of 2; N = 2 alone runs every
+        # envstep runner (the degree-2 one included), as N = 1 and 2 did (2026-11-26).
+        return Sizing(workloads=["cartpole"], rounds=2, tune_seconds=1.0, max_trial_seconds=0.5, rllib_runners=[0],
+                      e2e=[("cartpole", 512, 1)], envstep_ns=[2], envstep_steps=200, envstep_rounds=1,
+                      actors=[], rows=32, num_envs=3, e2e_kinds=("sb3", "fixed"), torchrl=("torchrl_multisync",))
     if mode == "quick":
         return Sizing(workloads=["cartpole"], rounds=3, tune_seconds=8.0, max_trial_seconds=2.0, rllib_runners=[0, 2],
                       e2e=[("slow", 4096, 1)], envstep_ns=[1, 4, 16], envstep_steps=1000, envstep_rounds=2,
@@ -362,7 +365,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  epilog="A full run (no --quick) takes about 45 minutes on 2 cores; --quick about 4.")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="one workload, few rounds, short budgets (~4 min on 2 cores)")
-    size.add_argument("--smoke", action="store_true", help="the CI smoke test's sizing (~40 s): do not quote its numbers")
+    size.add_argument("--smoke", action="store_true", help="the CI smoke test's sizing (~20 s): do not quote its numbers")
     ap.add_argument("--workloads", nargs="+", help="workloads of bench/workloads.py (default: all; --quick: cartpole)")
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per measurement (default 5; --quick 3)")

@@ -3,7 +3,6 @@ the module the ``auturi`` console script runs), in subprocesses, on tiny budgets
 from __future__ import annotations
 
 import ast
-import functools
 import importlib.util
 import json
 import os
@@ -36,6 +35,25 @@ def cli_env(tmp: Path, columns: int = 200) -> dict[str, str]:
 def cli(*args: str, tmp: Path, timeout: float = 120, columns: int = 200, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "auturi.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=cli_env(tmp, columns), check=False, **kw)
+
+
+def run_together(commands: list[list[str]], env: dict[str, str],
+                 timeout: float = 120) -> list[subprocess.CompletedProcess]:
+    """``commands`` run at once (independent processes: most of each one's seconds is Python
+    importing torch, so two cores run two at a time), each with ``subprocess.run``'s result."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for c in commands]
+    try:
+        done = []
+        for c, p in zip(commands, procs):
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(c, p.returncode, out, err))
+        return done
+    finally:
+        for p in procs:  # on a timeout or an error: none left running
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def parse_config_line(text: str) -> Config:
@@ -188,12 +206,13 @@ def test_the_record_reports_start_up_apart(tuned):
 
 def test_show_prints_the_table_and_the_config_line(tuned):
     _, out, _, tmp = tuned
-    proc = cli("show", str(out), tmp=tmp)
+    show = [sys.executable, "-m", "auturi.cli", "show", str(out)]
+    proc, as_json = run_together([show, show + ["--json"]], env=cli_env(tmp))
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(out.read_text())
     assert parse_config_line(proc.stdout) == Config.from_dict(rec["choice"]["config"])
     assert "steps/s" in proc.stdout and "Choice:" in proc.stdout and "CartPole-v1" in proc.stdout
-    proc = cli("show", str(out), "--json", tmp=tmp)
+    proc = as_json
     assert proc.returncode == 0
     shown = json.loads(proc.stdout)
     assert Config.from_dict(shown["choice"]) == parse_config_line(shown["config_line"])
@@ -210,8 +229,10 @@ def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tu
     assert len(cached) == 1, cached
     page = importlib.util.find_spec("fastapi") is not None  # the status server is the [server] extra
     out = tmp / "second.json"
-    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), *(["--status-port", "0"] if page else []),
-               tmp=tmp, columns=80, stdin=subprocess.DEVNULL)
+    # --budget-seconds 1: what is asserted (the notices, cache_hit) does not depend on how long
+    # the confirm rounds after the cached choice's measurement go on.
+    proc = cli("tune", "CartPole-v1", *TINY, "--budget-seconds", "1", "--out", str(out),
+               *(["--status-port", "0"] if page else []), tmp=tmp, columns=80, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     err, report = flat(proc.stderr), flat(proc.stdout)
     assert f"Reusing the cached choice from {cached[0]} (" in err and "(auturi tune --no-cache to measure" in err
@@ -237,7 +258,7 @@ def test_json_output_module_factory_shm_and_status_port(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "auturi.cli", "tune", "my_envs:make", "--policy", "mlp", "--backend", "shm",
              "--start", "num_actors=2", "--budget-trials", "2", "--num-envs", "4", "--num-steps", "8",
-             "--max-trial-seconds", "1",
+             "--max-trial-seconds", "1", "--budget-seconds", "1",  # start and serial are measured whatever the budget
              "--no-cache", "--json", "--status-port", "0", "--status-linger", "30"],
             stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=cli_env(tmp_path))
     lines: list[str] = []
@@ -323,7 +344,7 @@ def test_policy_from_a_saved_sb3_model(tmp_path):
     PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(path)
     ok = subprocess.Popen([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--policy", str(path),
                            "--backend", "serial", "--budget-trials", "2", "--num-envs", "2", "--num-steps", "8",
-                           "--max-trial-seconds", "1", "--no-cache", "--json"],
+                           "--max-trial-seconds", "1", "--budget-seconds", "1", "--no-cache", "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
     wrong = cli("tune", "Acrobot-v1", "--policy", str(path), "--num-envs", "2", tmp=tmp_path)
     out, err = ok.communicate(timeout=120)
@@ -340,20 +361,25 @@ def test_worker_timeout_and_address_reach_the_executor(tmp_path):
     the executor would refuse; --address is the Ray backend's (an address nobody listens on
     fails at once, named). Without Ray, --backend ray is one line naming the install."""
     env = dict(cli_env(tmp_path), AUTURI_WORKER_TIMEOUT="never")
-    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=120, env=env, check=False)
-    bad_env = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY[:2], "--budget-trials", "1"])
-    assert bad_env.returncode == 1 and "worker_timeout must be a number of seconds" in bad_env.stderr, bad_env.stderr
-    ok = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY, "--worker-timeout", "30"])
-    assert ok.returncode == 0, ok.stderr
-    if importlib.util.find_spec("ray") is not None:
-        env.pop("RAY_ADDRESS", None)
-        far = run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--backend", "ray",
-                   "--address", "127.0.0.1:1", "--worker-timeout", "30"])
-        assert far.returncode == 1 and "'127.0.0.1:1'" in far.stderr and "ray start --head" in far.stderr, far.stderr
+    env.pop("RAY_ADDRESS", None)
+    tune = [sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1"]
     no_ray = ("import runpy, sys; sys.modules['ray'] = None; "  # import ray fails, as when not installed
               "sys.argv = ['auturi', 'tune', 'CartPole-v1', '--backend', 'ray']; "
               "runpy.run_module('auturi.cli', run_name='__main__')")
-    out = run([sys.executable, "-c", no_ray])
+    commands = [tune + [*TINY[:2], "--budget-trials", "1"],
+                # one trial: what is checked is that the run starts and ends, not what it chooses
+                tune + [*TINY[:2], "--budget-trials", "1", "--num-envs", "4", "--num-steps", "16",
+                        "--max-trial-seconds", "0.5", "--worker-timeout", "30"],
+                [sys.executable, "-c", no_ray]]
+    with_ray = importlib.util.find_spec("ray") is not None
+    if with_ray:
+        commands.append(tune + ["--backend", "ray", "--address", "127.0.0.1:1", "--worker-timeout", "30"])
+    bad_env, ok, out, *far = run_together(commands, env=env)
+    assert bad_env.returncode == 1 and "worker_timeout must be a number of seconds" in bad_env.stderr, bad_env.stderr
+    assert ok.returncode == 0, ok.stderr
+    if with_ray:
+        far = far[0]
+        assert far.returncode == 1 and "'127.0.0.1:1'" in far.stderr and "ray start --head" in far.stderr, far.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and lines == ['auturi: error: --backend ray needs Ray, which is not installed: '
                                              'pip install "auturi[ray]"'], out.stderr
@@ -367,7 +393,8 @@ def test_an_unwritable_cache_loses_nothing(tmp_path):
     cache_dir = tmp_path / "a_file" / "cache"
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY[:2], "--budget-trials",
-                           "2", "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "0.5", "--out", str(out)],
+                           "2", "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "0.5", "--budget-seconds",
+                           "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, check=False,
                           env=dict(cli_env(tmp_path), AUTURI_CACHE_DIR=str(cache_dir)))
     assert proc.returncode == 0, proc.stderr

@@ -27,11 +27,25 @@ from auturi.envs.atari import AtariPreprocessed, is_ale_id  # noqa: E402
 PONG = "ALE/Pong-v5"
 
 
-def cli(*args: str, tmp_path, timeout: float = 180) -> subprocess.CompletedProcess:
+def cli_start(*args: str, tmp_path) -> subprocess.Popen:
     env = dict(os.environ, COLUMNS="80", AUTURI_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
     env.pop("AUTURI_STATUS_TOKEN", None)
-    return subprocess.run([sys.executable, "-m", "auturi.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
+    return subprocess.Popen([sys.executable, "-m", "auturi.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def cli_wait(proc: subprocess.Popen, timeout: float = 180) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # timed out: ended, not left running
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def cli(*args: str, tmp_path, timeout: float = 180) -> subprocess.CompletedProcess:
+    return cli_wait(cli_start(*args, tmp_path=tmp_path), timeout)
 
 
 def test_ale_id_defaults_to_the_standard_preprocessing():
@@ -95,6 +109,7 @@ def test_factory_pickles_and_workers_step_the_same_frames():
 def test_cli_tunes_pong_with_the_cnn(tmp_path):
     out = cli("tune", PONG, "--policy", "cnn", "--backend", "shm", "--start", "env_parallel_degree=2",
               "--budget-trials", "1", "--num-envs", "2", "--num-steps", "4", "--max-trial-seconds", "0.5",
+              "--budget-seconds", "1",  # what is checked is the workload and the notes, not the rounds' figures
               "--no-cache", "--out", str(tmp_path / "r.json"), tmp_path=tmp_path)
     assert out.returncode == 0, out.stderr
     err = " ".join(out.stderr.split())
@@ -105,8 +120,10 @@ def test_cli_tunes_pong_with_the_cnn(tmp_path):
 
 
 def test_cli_raw_frames_and_help(tmp_path):
-    out = cli("tune", PONG, "--raw-frames", "--policy", "cnn", "--num-envs", "2", "--no-cache", tmp_path=tmp_path)
+    raw = cli_start("tune", PONG, "--raw-frames", "--policy", "cnn", "--num-envs", "2", "--no-cache", tmp_path=tmp_path)
+    help_ = cli_start("tune", "--help", tmp_path=tmp_path)  # at once: two independent processes
+    out, helped = cli_wait(raw), cli_wait(help_)
     assert out.returncode == 2
     assert "(210, 160, 3)" in out.stderr and "leave out --raw-frames" in out.stderr
-    helptext = " ".join(cli("tune", "--help", tmp_path=tmp_path).stdout.split())
+    helptext = " ".join(helped.stdout.split())
     assert "--raw-frames" in helptext and "standard preprocessing" in helptext and "envpool:" in helptext
