@@ -33,7 +33,8 @@ def runs(request, tmp_path_factory):
     about one core; the others go one after another beside it), and all have ended before
     any test reads its result: the per-test leak check never sees one example's workers
     while another's test runs."""
-    mine = [item for item in request.session.items if item.module is request.module and hasattr(item, "callspec")]
+    mine = [item for item in request.session.items
+            if getattr(item, "module", None) is request.module and hasattr(item, "callspec")]
     wanted = sorted({item.callspec.params["index"] for item in mine},  # those selected (-k, a test id) only
                     key=lambda i: ("ray.init(" not in BLOCKS[i], ".learn(" not in BLOCKS[i], i))
     tmp = tmp_path_factory.mktemp("readme")
