@@ -82,7 +82,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from auturi.envs.base import ALE_PREFIX, env_seed, one_source
+from auturi.envs.base import ALE_PREFIX, env_seed, one_source, runner_slots
 
 __all__ = ["AleVectorEnv", "AleVectorRunner", "AleVectorSource", "ale_game", "ale_seed", "ale_vector_available"]
 
@@ -452,16 +452,7 @@ class AleVectorRunner:
             return list(pool.map(reset, groups))
 
     def _positions(self, ids: np.ndarray) -> np.ndarray:
-        try:
-            pos = self._pos[ids]
-        except IndexError:
-            pos = np.array([-1])
-        if ids.min() < 0 or pos.min() < 0:
-            raise KeyError(f"env ids {sorted(set(ids.tolist()) - set(self.env_ids))} are not this runner's")
-        if len(ids) > 1 and len(np.unique(pos)) != len(ids):
-            # one env twice in one send would be stepped twice in one row
-            raise ValueError(f"step() got an env id twice: {ids.tolist()}")
-        return pos
+        return runner_slots(self._pos, ids, self.env_ids)
 
     def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:
         """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``."""

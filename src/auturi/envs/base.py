@@ -218,3 +218,18 @@ def one_source(source: Any, env_ids: Sequence[int], cls: type, runner: str) -> A
         if all(isinstance(s, cls) for s in picked) and all(s == picked[0] for s in picked):
             return picked[0]
     raise TypeError(f"{runner} needs an {cls.__name__} (or one per env, all equal), got {source!r}")
+
+
+def runner_slots(table: Any, ids: Any, env_ids: Sequence[int]) -> Any:
+    """``table[ids]``: where a vector-env runner keeps each of ``ids`` (``table`` maps an env
+    id to its slot, -1 where the runner has none). Raises KeyError for an id not the runner's
+    (``env_ids``), ValueError for an id twice (one env stepped twice in one send)."""
+    try:
+        slots = table[ids]
+    except IndexError:
+        slots = np.array([-1])
+    if ids.min() < 0 or slots.min() < 0:
+        raise KeyError(f"env ids {sorted(set(ids.tolist()) - set(env_ids))} are not this runner's")
+    if len(ids) > 1 and len(np.unique(slots)) != len(ids):
+        raise ValueError(f"step() got an env id twice: {ids.tolist()}")
+    return slots

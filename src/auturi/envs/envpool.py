@@ -66,7 +66,7 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from auturi.envs.base import ENVPOOL_PREFIX, env_seed, one_source
+from auturi.envs.base import ENVPOOL_PREFIX, env_seed, one_source, runner_slots
 
 # make kwargs the adapter sets itself
 _RESERVED = frozenset({"num_envs", "batch_size", "seed", "env_seed", "env_type", "gym_reset_return_info",
@@ -396,16 +396,7 @@ class EnvPoolRunner:
         self.fresh = False
 
     def _pool_index(self, ids: np.ndarray) -> np.ndarray:
-        try:
-            local = self._local[ids]
-        except IndexError:
-            local = np.array([-1])
-        if ids.min() < 0 or local.min() < 0:
-            raise KeyError(f"env ids {sorted(set(ids.tolist()) - set(self.env_ids))} are not this runner's")
-        if len(ids) > 1 and len(set(local.tolist())) != len(ids):
-            # two slots for one env in one EnvPool batch would step it on two threads at once
-            raise ValueError(f"step() got an env id twice: {ids.tolist()}")
-        return local
+        return runner_slots(self._local, ids, self.env_ids)
 
     def step(self, ts: Sequence[int], ids: Sequence[int]) -> None:
         """Step env ``ids[k]`` with the action at row ``ts[k]``; write row ``ts[k] + 1``."""
