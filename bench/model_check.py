@@ -47,8 +47,9 @@ def real_box(path: str) -> dict:
     from unittest import mock
 
     from auturi import Config
-    from auturi.tuner import profile as model
-    from auturi.tuner.profile import Profile, fit_overheads, predict
+    from auturi.tuner import model
+    from auturi.tuner.model import fit_overheads, predict
+    from auturi.tuner.profile import Profile
 
     with open(path) as f:
         rec = json.load(f)

@@ -5,7 +5,9 @@
 - :mod:`~auturi.tuner.measure`: the protocol every strategy shares (reconfigure, warm-up,
   measure until the median's distribution-free interval is tight), and :class:`Trial`;
 - :mod:`~auturi.tuner.strategies`: ``grid``, ``optuna`` and ``model`` (the default);
-- :mod:`~auturi.tuner.profile`: component profiling and the analytic model;
+- :mod:`~auturi.tuner.profile`: what a profile holds and how the executor is profiled;
+  :mod:`~auturi.tuner.timing`: one env's and one forward pass's timings;
+  :mod:`~auturi.tuner.model`: the analytic model and its fit;
 - :mod:`~auturi.tuner.offline`: :class:`Tuner`; :mod:`~auturi.tuner.online`:
   :class:`OnlineTuner`, the phase machine inside training (its thresholds:
   :mod:`~auturi.tuner.online_settings`, :class:`OnlineSettings`; what a move costs and saves:
@@ -43,7 +45,8 @@ from auturi.tuner.measure import (
     median_interval,
     remeasure_interleaved,
 )
-from auturi.tuner.profile import Profile, predict, profile_executor
+from auturi.tuner.model import predict
+from auturi.tuner.profile import Profile, profile_executor
 from auturi.tuner.space import SearchSpace, build_space
 from auturi.tuner.strategies import (
     GridStrategy,

@@ -36,9 +36,10 @@ from typing import Any, NamedTuple
 from auturi.config import Config
 from auturi.executor.contract import ExecutorLike
 from auturi.tuner.measure import Trial, TrialRecorder
+from auturi.tuner.model import predict
 from auturi.tuner.online_moves import Moves
 from auturi.tuner.online_settings import OnlineSettings
-from auturi.tuner.profile import Profile, predict
+from auturi.tuner.profile import Profile
 from auturi.tuner.rollout_profile import profile_at_wrap, profile_from_rollouts, profiles_in_process
 from auturi.tuner.space import SearchSpace
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.resources import usable_cores
-from auturi.tuner.profile import Profile, collect_fields, time_env, time_policy
+from auturi.tuner.profile import Profile, collect_fields
+from auturi.tuner.timing import time_env, time_policy
 
 
 def profiles_in_process(config: Config) -> bool:
@@ -107,7 +108,7 @@ def profile_at_wrap(executor: Any, config: Config, num_steps: int, *, batch_size
     machine): one env built from ``executor.env_fns[0]`` in this process, stepped for about
     ``env_seconds`` and closed (the executor's own envs are never touched: the training's data
     stays the serial loop's), and the policy timed on a copy at ``batch_sizes`` on ``devices``
-    (:func:`~auturi.tuner.profile.time_policy`). None when ``executor`` has no ``env_fns`` or
+    (:func:`~auturi.tuner.timing.time_policy`). None when ``executor`` has no ``env_fns`` or
     no policy to time. Unlike :func:`profile_from_rollouts`, nothing here ran under the
     training's load: the figures are one env's and one forward pass's alone."""
     env_fns = getattr(executor, "env_fns", None)

@@ -12,7 +12,7 @@ tuner's own (start, serial, cache) included, so a strategy never re-measures a c
   and batch size are drawn from the values valid for the sampled actor size); a combination
   that is not in the space is told to Optuna as pruned. Needs ``pip install optuna``.
 - ``model`` (the default): profiles the parts once, predicts every config's throughput
-  (:mod:`auturi.tuner.profile`), measures the most promising, refits the model's costs and
+  (:mod:`auturi.tuner.model`), measures the most promising, refits the model's costs and
   corrects its predictions near every measured config, and stops when no unmeasured config
   is predicted to beat the best measured one and the best one's neighbours have been tried.
 
@@ -35,7 +35,8 @@ from typing import Any
 
 from auturi.config import Config
 from auturi.tuner.measure import Trial
-from auturi.tuner.profile import Profile, fit_overheads, predict, profile_executor
+from auturi.tuner.model import fit_overheads, predict
+from auturi.tuner.profile import Profile, profile_executor
 from auturi.tuner.space import SearchSpace
 
 # The knobs a strategy moves: all but envs_per_actor, which num_actors and the workload's
