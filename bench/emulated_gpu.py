@@ -24,7 +24,10 @@ For each step-time profile (``pong-like``, ``straggler``), in interleaved rounds
   ``pong-like`` (1 x 32, degree 32, 2 replicas of batch 16; the best lockstep one, 2 x 16,
   67-72%) and 69-75% on ``straggler`` (1 x 32, degree 32, 4 replicas of batch 8; the best
   lockstep one 42-45%);
-- with ``--tune-seconds``: ``auturi.tune`` (offline, ``cpu`` and ``cuda``) and its choice.
+- with ``--tune-seconds``: ``auturi.tune`` (offline, ``cpu`` and ``cuda``) and its choice,
+  planning for the emulated machine's cores (``--tune-cores``, default ``--sim-cores``: its
+  process cap and model see the 16-core machine the envs step on, not the 2 real cores;
+  ``--tune-cores 0`` plans for this machine's).
 
 Every system runs the same envs behind one :class:`~auturi.testing.emulated_sim.SimCores` pool
 (16 emulated simulator cores by default) and the same policy. ``--time-scale`` multiplies every
@@ -191,7 +194,8 @@ def run_profile(profile: str, args: Any, pool_name: str) -> dict:
         if args.tune_seconds:
             t0 = time.perf_counter()
             report = auturi.tune(env, policy=policy("cpu"), num_envs=n, num_steps=steps,
-                                 budget_seconds=args.tune_seconds, devices=["cpu", "cuda"], cache=False)
+                                 budget_seconds=args.tune_seconds, devices=["cpu", "cuda"], cache=False,
+                                 cores=args.tune_cores or None)
             chosen_trial = report.choice_trial
             row["tune"] = {"choice": str(report.config), "config": report.config.to_dict(),
                            "seconds": time.perf_counter() - t0, "measured": report.throughput,
@@ -233,6 +237,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--collects", type=int, default=2, help="collects per sample")
     ap.add_argument("--tune-seconds", type=float, default=0.0, help="also run auturi.tune for this long (0: no)")
+    ap.add_argument("--tune-cores", type=int, default=None,
+                    help="the cores auturi.tune plans for (default: --sim-cores, the emulated machine's; "
+                         "0: this machine's)")
     ap.add_argument("--overlap", action="store_true",
                     help="also overlapped layouts (replicas, one env a worker, two actors) and their lockstep rivals")
     ap.add_argument("--quick", action="store_true", help="a smaller run, under a minute")
@@ -244,6 +251,8 @@ def main(argv=None) -> dict:
     if args.smoke:
         args.quick, args.num_envs, args.num_steps, args.rounds, args.sim_cores = True, 4, 4, 1, 2
         args.time_scale, args.context_seconds, args.tune_seconds = 0.05, 0.01, 0.0
+    if args.tune_cores is None:
+        args.tune_cores = args.sim_cores
     out_path = args.out or f"bench/results/emulated_gpu{'_quick' if args.quick else ''}.json"
 
     from auturi.testing.emulated_gpu import emulated_gpu

@@ -168,6 +168,17 @@ def test_changing_num_steps_between_collects(backend, serial_reference):
     assert_same(run(backend, cfg, steps=(3, 9, 4)), ref)
 
 
+def test_num_envs_comes_from_the_config_when_left_out():
+    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=1)
+    policy = ObsHashPolicy(CountingEnv().action_space)
+    with make_executor(CountingEnv, policy, config=cfg, backend="serial", seed=1) as ex:
+        assert ex.num_envs == 4 and ex.collect(3).observations.shape[:2] == (3, 4)
+    with pytest.raises(ValueError, match="pass num_envs=N, a config"):
+        make_executor(CountingEnv, policy, backend="serial")
+    with pytest.raises(ValueError, match="num_envs=8 but 4 env factories"):
+        make_executor([CountingEnv] * 4, policy, config=Config.serial(8), backend="serial")
+
+
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_seeding(backend):
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)

@@ -21,7 +21,7 @@ import pytest
 
 from auturi import Config, WorkerError, make_executor
 from auturi.envs import CountingEnv, FaultyEnv
-from auturi.executor.actor_loop import ActorLoop, spread_batch
+from auturi.executor.actor_loop import ActorLoop, pick_batch, spread_batch
 from auturi.executor.layout import plan_layout
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.testing.emulated_gpu import emulated_gpu
@@ -48,6 +48,30 @@ def test_spread_batch_keeps_order_and_takes_a_quota_per_share_first(seed):
     if any(within(e) for e in rest.tolist()):
         counts = np.bincount(batch // per_share, minlength=shares)
         assert counts.max() <= quota
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pick_batch_serves_the_envs_furthest_behind_first(seed):
+    """The collect ends with its last env: a batch takes the envs on the lowest rows first
+    (first come among equals); with a quota below the share size, the spread still holds."""
+    rng = np.random.default_rng(seed)
+    per_share, shares = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    n = per_share * shares
+    ready = rng.permutation(n)[:int(rng.integers(1, n + 1))]
+    rows = rng.integers(0, 4, size=len(ready))
+    size = int(rng.integers(1, n + 1))
+    batch, rest = pick_batch(ready, rows, size, per_share, quota=per_share)  # no spread
+    assert len(batch) == min(size, len(ready))
+    assert sorted(np.r_[batch, rest].tolist()) == sorted(ready.tolist())
+    row = dict(zip(ready.tolist(), rows.tolist()))
+    pos = {e: k for k, e in enumerate(ready.tolist())}
+    if len(rest):  # every env taken is behind every env left, or level with it and came first
+        assert max((row[e], pos[e]) for e in batch.tolist()) < min((row[e], pos[e]) for e in rest.tolist())
+    quota = int(rng.integers(1, per_share + 1))
+    spread, spread_rest = pick_batch(ready, rows, size, per_share, quota)
+    order = sorted(ready.tolist(), key=lambda e: (row[e], pos[e])) if len(ready) > size else ready.tolist()
+    want, want_rest = spread_batch(np.array(order, dtype=np.int64), size, per_share, quota)
+    assert spread.tolist() == want.tolist() and spread_rest.tolist() == want_rest.tolist()
 
 
 # ---------------------------------------------------------------------------- the scheduler alone
@@ -185,6 +209,34 @@ def test_a_slow_lane_holds_no_batch_back():
     got, fakes = _run_overlapped(cfg, env_fn, (12,), seed=0, slow=0.02)
     assert_same(got, want)
     assert fakes[0].max_spread >= 4
+
+
+def test_a_short_batch_goes_once_the_stepping_envs_could_not_fill_it():
+    """At a collect's end (and behind a slow lane) fewer envs are left than a batch holds: the
+    ready ones go to a free replica while others still step, rather than waiting for every env
+    to come back (a step's delay for each of them, the replica idle meanwhile)."""
+    cfg = Config(1, 12, 4, 2, "cuda", 4)
+    env_fn = functools.partial(CountingEnv, max_len=9)
+    short_while_stepping = []
+    orig = _FakeQueues.submit
+
+    def submit(self, k, ts, ids):
+        stepping = sum(len(i) for q in self.queued[:self.num_env] for _, _, i in q)
+        if len(ids) < cfg.policy_batch_size:
+            short_while_stepping.append(stepping > 0)
+            assert len(ids) + stepping < cfg.policy_batch_size or stepping == 0  # never held a fillable batch short
+        return orig(self, k, ts, ids)
+
+    _FakeQueues.submit = submit
+    try:
+        with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=12, config=Config.serial(12),
+                           backend="serial", seed=3) as ex:
+            want = [ex.collect(10)]
+        got, _ = _run_overlapped(cfg, env_fn, (10,), seed=1, slow=0.3)
+    finally:
+        _FakeQueues.submit = orig
+    assert_same(got, want)
+    assert any(short_while_stepping)
 
 
 def test_the_actors_own_share_is_stepped_by_it_between_batches():

@@ -135,3 +135,16 @@ def test_the_search_widens_to_a_process_per_env_when_the_env_waits(cpu_fraction,
     assert (len(tuner.space) > len(build_space(16, cores=2, devices=["cpu"]))) is widened
     if widened:
         assert result.choice.num_actors * result.choice.env_parallel_degree == 16, result.choice
+
+
+def test_tune_plans_for_the_cores_it_is_given():
+    """``cores=`` sets the space's process cap and the model's cores (to leave cores to a
+    learner, or to plan for an emulated machine); a count below one names the fix."""
+    r = auturi.tune("CartPole-v1", policy="mlp", num_envs=4, num_steps=4, budget_trials=1, backend="serial",
+                    cache=False, cores=1, max_trial_seconds=0.2)
+    assert r.space["cores"] == 1 and r.space["pruned_by_reason"].get("more processes than 4x cores", 0) > 0
+    wide = auturi.tune("CartPole-v1", policy="mlp", num_envs=4, num_steps=4, budget_trials=1, backend="serial",
+                       cache=False, cores=8, max_trial_seconds=0.2)
+    assert wide.space["cores"] == 8 and wide.space["configs"] > r.space["configs"]
+    with pytest.raises(ValueError, match="cores must be a whole number >= 1"):
+        auturi.tune("CartPole-v1", num_envs=4, backend="serial", cache=False, cores=0)

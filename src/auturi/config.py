@@ -91,8 +91,9 @@ class Config:
       > 1) and a policy on a device (``cuda``): batches are spread over the env workers, so
       each worker's envs fall in different batches, and a worker queues the steps of several
       batches: it steps one batch's envs while another batch is in inference (Sample
-      Factory's alternating halves), and envs go on first come first served (EnvPool's
-      first-ready batches), so a slow env holds back only its own worker. It pays with
+      Factory's alternating halves), and ready envs go on without waiting for the rest
+      (EnvPool's first-ready batches), the furthest behind first, so a slow env holds back
+      only its own worker and catches up once it is done. It pays with
       replicas of their own (``policies_per_actor`` >= 2), since an actor's own replica
       stops its loop for each forward pass, and with batches of about
       ``envs_per_actor / policies_per_actor``;

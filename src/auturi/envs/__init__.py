@@ -255,5 +255,6 @@ def _in_tree(fn: EnvFn) -> EnvFn:
 
 def _need(num_envs: int | None) -> int:
     if num_envs is None or num_envs < 1:
-        raise ValueError("num_envs (>= 1) is required when env is an id or a single factory")
+        raise ValueError("num_envs (>= 1) is required when env is an id or a single factory: pass num_envs=N, "
+                         "a config (its num_envs), or a list of one factory per env")
     return num_envs

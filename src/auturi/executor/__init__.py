@@ -27,7 +27,8 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
             EnvPool id (``"envpool:Pong-v5"``), a factory returning a ``gymnasium.Env`` (used
             for every env; lambdas work) or a list of factories, one per env.
         policy: a :class:`~auturi.Policy` (``RandomPolicy``, ``TorchPolicy``, your own).
-        num_envs: total envs; may be left out when ``env`` is a list or ``config`` is given.
+        num_envs: total envs; may be left out when ``env`` is a list (one factory per env) or
+            ``config`` is given (its ``num_envs``).
         config: the layout (:class:`~auturi.Config`); default: the serial one.
         backend: ``"shm"`` (processes and shared memory, the default), ``"serial"``
             (everything in this process) or ``"ray"`` (one Ray actor per actor, on a Ray

@@ -14,9 +14,11 @@ Three loops, which the layout plan picks (``ActorPlan.lockstep``, ``ActorPlan.ov
 
 - lockstep: one in-process replica acts for every env at once, row by row;
 - overlapped (a policy on a device, env workers, more than one forward pass per row: several
-  batches or replicas of their own): whichever envs are ready go to a free policy lane, but
-  each batch is spread over the env shares (round-robin at first, :func:`spread_batch`), so
-  a worker's envs land in different batches; env workers queue the steps of several batches
+  batches or replicas of their own): whichever envs are ready go to a free policy lane, the
+  furthest behind first (:func:`pick_batch`: the last env to finish ends the collect), and a
+  smaller batch once the envs stepping could not fill it; each batch is spread over the env
+  shares (round-robin at first, :func:`spread_batch`), so a worker's envs land in different
+  batches; env workers queue the steps of several batches
   (``shm.channel.TaskQueues``), so a worker steps one batch's envs while another batch is in
   inference and goes on to the next without a round trip to the actor (Sample Factory's
   alternating halves, EnvPool's first-ready batches); the actor steps its own share while
@@ -127,6 +129,29 @@ def spread_batch(ready: np.ndarray, size: int, per_share: int, quota: int) -> tu
         more = np.flatnonzero(~take)[:size - len(picked)]
         take[more] = True
     return ready[take], ready[~take]
+
+
+def pick_batch(ready: np.ndarray, rows: np.ndarray, size: int, per_share: int, quota: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(batch, rest)``: the envs of ``ready`` (local env indices, in arrival order; ``rows``
+    their rows) that go to one forward pass of at most ``size``: the envs furthest behind
+    first (first come among equals), spread over the shares by :func:`spread_batch`.
+
+    Why the furthest behind: a collect ends when its last env has stepped ``num_steps``
+    times, so an env that fell behind (a straggler step, a reset) sets the collect's end; first
+    come first would keep serving the envs ahead while it catches up alone, and the simulator
+    cores idle at the end. Which batch an env goes to never changes its data.
+
+    >>> b, rest = pick_batch(np.array([4, 0, 2, 6]), np.array([5, 5, 3, 4]), 2, per_share=2, quota=2)
+    >>> b.tolist(), rest.tolist()
+    ([2, 6], [4, 0])
+    """
+    if len(ready) > size:
+        order = np.argsort(rows, kind="stable")
+        ready = ready[order]
+    if quota >= per_share:
+        return ready[:size], ready[size:]
+    return spread_batch(ready, size, per_share, quota)
 
 
 class ActorLoop:
@@ -250,9 +275,9 @@ class ActorLoop:
 
     def _overlapped(self, num_steps: int) -> None:
         """The overlapped loop (see the module docstring). Each scheduling round: hand full
-        batches (or a smaller one when no env is stepping or waiting to step, as in the general
-        loop) to free policy lanes, spread over the shares (:func:`spread_batch`: round-robin
-        at first, then first come first); queue each acted env on its env lane at once; see
+        batches (or a smaller one when the envs stepping now could not fill it) to free policy
+        lanes, the envs furthest behind first and spread over the shares (:func:`pick_batch`,
+        :func:`spread_batch`: round-robin at first); queue each acted env on its env lane at once; see
         what the lanes reported; step this process's own share (the actor steps share 0 itself)
         when that delays no batch; and only with nothing left to do, block for a report.
 
@@ -275,7 +300,6 @@ class ActorLoop:
         # share's envs spread over the batches as in the round-robin start; none when no share
         # holds more than that
         quota = -(-per_lane * B // n)
-        spread = quota < per_lane
         own = _Queue()  # acted envs of the shares this process steps
         pol_busy: dict[int, tuple[np.ndarray, int]] = {}  # policy lane -> (its envs, seq when done)
         free_pol = list(range(len(pol_lanes)))[::-1]  # pop() takes lane 0 first
@@ -287,9 +311,8 @@ class ActorLoop:
         seen = np.zeros(0, np.int64)  # seq at the last look (set at q.begin())
 
         def take(k: int) -> np.ndarray:
-            if not spread:
-                return ready.pop(k)
-            batch, rest = spread_batch(ready.pop(ready.size), k, per_lane, quota)
+            waiting = ready.pop(ready.size)
+            batch, rest = pick_batch(waiting, t[waiting], k, per_lane, quota)
             ready.push(rest)
             return batch
 
@@ -353,7 +376,10 @@ class ActorLoop:
         try:
             while finished < n:
                 beats[k_beat] += 1  # a scheduling round: progress, for whoever waits for this actor
-                while free_pol and ready.size and (ready.size >= B or in_env == 0):
+                # Full batches; a smaller one once the envs stepping now could not fill it
+                # (the end of a collect, the envs behind a straggler): waiting would only hold
+                # the ready envs back by a step while a replica idles.
+                while free_pol and ready.size and (ready.size >= B or ready.size + in_env < B):
                     p = free_pol.pop()
                     batch = take(B)
                     submitted += 1

@@ -121,6 +121,8 @@ class Executor(abc.ABC):
                  worker_timeout: float | None = None, check_finite: bool = False):
         self.worker_timeout = resolve_worker_timeout(worker_timeout)
         self.check_finite = bool(check_finite)
+        if num_envs is None and config is not None:
+            num_envs = config.num_envs  # a list of factories is checked against it below
         self.env_fns = resolve_env_fns(env, num_envs)
         self.num_envs = len(self.env_fns)
         self.policy = policy

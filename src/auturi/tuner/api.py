@@ -369,7 +369,7 @@ DEFAULT_BUDGET_SECONDS = 15.0
 def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 64,
          budget_seconds: float | None = None, budget_trials: int | None = None, strategy: str = "model",
          backend: str = "shm", start: Config | None = None, devices: list[str] | None = None, seed: int = 0,
-         cache: bool = True, max_trial_seconds: float = 4.0, top_k: int = 2,
+         cores: int | None = None, cache: bool = True, max_trial_seconds: float = 4.0, top_k: int = 2,
          final_rounds: tuple[int, int] = (1, 2), callback: Callback | None = None,
          on_start: Callable[[Tuner, Any], None] | None = None, **executor_kwargs: Any) -> TuneReport:
     """Measure collection layouts for ``env`` on this machine and return the fastest.
@@ -388,6 +388,9 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
         backend: ``"shm"``, ``"serial"`` or ``"ray"`` (``address=`` picks the cluster).
         start: your current layout, measured as a baseline (default: serial).
         devices: policy devices to consider (default: cpu, plus cuda when present).
+        cores: the cores to plan for: the search space's process cap and the model's cores
+            (default: the cores this process may run on). Fewer leaves the rest to other work
+            on the machine (a learner, another job).
         cache: start from, and store into, the results cache.
         callback: called with every :class:`~auturi.tuner.TunerEvent` (progress).
         on_start: called with the tuner and the executor just before the first measurement.
@@ -406,6 +409,8 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     Then ``auturi.wrap(model, config=result.config)`` (SB3) trains with it.
     """
     budget = _check_budget(num_envs, num_steps, budget_trials, budget_seconds, max_trial_seconds)
+    if cores is not None and (not isinstance(cores, int) or cores < 1):
+        raise ValueError(f"cores must be a whole number >= 1 (or None: the cores this process may run on), got {cores!r}")
     from auturi.executor import BACKENDS, make_executor, warm_backend
 
     if backend not in BACKENDS:
@@ -418,7 +423,7 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
         policy, _ = builtin_policy(policy, *probe_spaces(env))
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
-                  cache=None if cache else False, callback=callback, seed=seed)
+                  cores=cores, cache=None if cache else False, callback=callback, seed=seed)
     with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
         wait_ready()  # no such import may share the cores with the first measurement
         if on_start is not None:

@@ -640,7 +640,9 @@ def _env_modules(args: tuple, kwargs: dict) -> tuple[str, ...]:
 
     try:
         env = args[0] if args else kwargs["env"]
-        fns = resolve_env_fns(env, args[2] if len(args) > 2 else kwargs.get("num_envs"))
+        num_envs = args[2] if len(args) > 2 else kwargs.get("num_envs")
+        config = args[3] if len(args) > 3 else kwargs.get("config")
+        fns = resolve_env_fns(env, num_envs if num_envs is not None or config is None else config.num_envs)
     except Exception:  # a bad env argument: the base constructor says why
         return ()
     return modules_to_preload(fns[0]) if fns else ()
