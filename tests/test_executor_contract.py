@@ -168,6 +168,30 @@ def test_changing_num_steps_between_collects(backend, serial_reference):
     assert_same(run(backend, cfg, steps=(3, 9, 4)), ref)
 
 
+def test_a_layout_that_does_not_fit_beside_the_last_starts_on_a_new_control_block(monkeypatch):
+    """Many processes to many others (one env a worker to one actor an env): the old workers
+    do not leave room for the new ones on the control block, so all end and the new layout
+    starts on a fresh block (its slots all free), with the serial rollout's data."""
+    from auturi.executor.shm import executor as shm_executor
+
+    monkeypatch.setattr(shm_executor, "MIN_SLOTS", 16)  # 64 by default: the same at 32-35 processes
+    steps = (3, 4, 5, 3)
+    env_fn = counting()
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=8, config=Config.serial(8),
+                       backend="serial", seed=3) as ex:
+        want = [ex.collect(s) for s in steps]
+    # serial (a block of 16 slots), 11 processes (fit), 8 (do not fit beside the 11), 14
+    layouts = [Config.serial(8), Config(1, 8, 8, 4, "cpu", 2), Config(8, 1, 1, 1, "cpu", 1),
+               Config(2, 4, 4, 4, "cpu", 1)]
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=8, config=layouts[0],
+                       backend="shm", seed=3) as ex:
+        got = [ex.collect(steps[0])]
+        for cfg, s in zip(layouts[1:], steps[1:]):
+            ex.reconfigure(cfg)
+            got.append(ex.collect(s))
+    assert_same(got, want)
+
+
 def test_num_envs_comes_from_the_config_when_left_out():
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=1)
     policy = ObsHashPolicy(CountingEnv().action_space)

@@ -233,6 +233,7 @@ class ShmExecutor(Executor):
             self._end(ending)
             self._close_control_block()
             self._new_control_block(config)
+            ending = {}  # ended; their slots were the old block's, none is held on the new one
         else:
             processes.ask_exit(self._ctrl, ending)
         if old is None or (recreated and self._steps_done):
