@@ -15,12 +15,14 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
 
 from auturi import Config, WorkerError, make_executor
 from auturi.envs import CountingEnv, FaultyEnv
+from auturi.executor import actor_loop
 from auturi.executor.actor_loop import ActorLoop, pick_batch, spread_batch
 from auturi.executor.layout import plan_layout
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
@@ -98,6 +100,7 @@ class _FakeQueues:
         self.base = self.count.copy()
         self.owed = self.count.copy()
         self.max_spread = 0  # the most rows apart two envs posted in one collect were
+        self.local = 0  # reports of the own share's thread
         self._rows: dict[int, int] = {}
 
     def begin(self):
@@ -135,6 +138,9 @@ class _FakeQueues:
         lane = (self.env_lanes + self.policy_lanes)[k]
         (lane.runner.step if kind == "step" else lane.runner.act)(ts, ids)
         self.count[k] += 1
+
+    def local_report(self):  # the own share's thread: TaskQueues posts the semaphore; nothing to do here
+        self.local += 1
 
     def settle(self):
         assert not any(self.queued), "the collect ended with work queued"
@@ -328,6 +334,51 @@ def test_a_worker_failing_mid_queue_is_a_worker_error_naming_the_env():
         with ex, pytest.raises(WorkerError, match="env worker 2") as err:
             ex.collect(10)
     assert "fails on purpose" in str(err.value) and "env 5" in str(err.value)
+
+
+# ---------------------------------------------------------------------------- the own share's thread
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_own_share_stepped_on_its_thread_gives_the_serial_rollout(monkeypatch, seed):
+    """Long own-share steps go to a thread (forced here from the first task): whatever the
+    order the thread and the lanes finish in, the data is the serial rollout's, and each of
+    the thread's tasks was reported."""
+    monkeypatch.setattr(actor_loop, "OWN_THREAD_SECONDS", 0.0)
+    cfg = Config(1, 12, 4, 2, "cuda", 3)
+    env_fn = functools.partial(CountingEnv, max_len=9)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=12, config=Config.serial(12),
+                       backend="serial", seed=3) as ex:
+        want = [ex.collect(s) for s in (7, 9)]
+    got, fakes = _run_overlapped(cfg, env_fn, (7, 9), seed=seed, slow=0.3)
+    assert_same(got, want)
+    assert fakes[0].local > 0 and not any(t.name == "auturi own env share" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("cfg", [Config(1, 8, 4, 2, "cuda", 4), Config(1, 8, 2, 1, "cuda", 2)], ids=_cfg_id)
+def test_shm_own_share_on_its_thread_gives_the_serial_rollout(monkeypatch, cfg):
+    """The same through real workers (one actor: its loop runs in this process, where the
+    threshold is patched); the semaphore's counts stay even across collects."""
+    monkeypatch.setattr(actor_loop, "OWN_THREAD_SECONDS", 0.0)
+    env_fn = _straggler()
+    want = _collects("serial", Config.serial(cfg.num_envs), env_fn)
+    assert_same(_collects("shm", cfg, env_fn), want)
+
+
+def test_a_failure_in_the_own_share_on_its_thread_is_raised_by_the_collect(monkeypatch):
+    """Env 0 (the actor's own share) fails at its 4th step, on the thread: the collect raises
+    the error the env raised in the loop, naming it, and the thread ends."""
+    fns = [CountingEnv] * 8
+    fns[0] = functools.partial(FaultyEnv, fail_step=4)
+    cfg = Config(1, 8, 4, 2, "cuda", 4)
+    messages = []
+    for threshold in (0.0, 1e9):  # on the thread, then in the loop
+        monkeypatch.setattr(actor_loop, "OWN_THREAD_SECONDS", threshold)
+        with emulated_gpu():
+            ex = make_executor(fns, ObsHashPolicy(CountingEnv().action_space), config=cfg, backend="shm")
+            with ex, pytest.raises(Exception) as err:
+                ex.collect(10)
+        messages.append((type(err.value), str(err.value)))
+    assert messages[0] == messages[1] and "fails on purpose" in messages[0][1]
+    assert not any(t.name == "auturi own env share" for t in threading.enumerate())
 
 
 # ---------------------------------------------------------------------------- the bench's choice

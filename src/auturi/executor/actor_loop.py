@@ -46,6 +46,8 @@ keep the general loop.
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Any, Callable, Protocol, Sequence
 
@@ -154,6 +156,101 @@ def pick_batch(ready: np.ndarray, rows: np.ndarray, size: int, per_share: int, q
     return spread_batch(ready, size, per_share, quota)
 
 
+OWN_THREAD_SECONDS = 2e-4
+"""An actor's own env share steps on a thread of its own in the overlapped loop once a task of
+it (one batch's envs of that share) takes this long on average; shorter ones step in the
+loop. Measured (2026-11-26, 2 shared cores, an emulated CUDA policy, interleaved rounds):
+on the emulated straggler box (2.6 ms steps with rare 10x ones, which stopped every batch's
+dispatch while the actor stepped one) the thread gave 1x32 degree 32 with 4 replicas 4,241
+steps/s against 3,629, 8 replicas of batch 2 4,493 against 3,631; on CartPole (10 us steps,
+1 x 16, degree 2 or 4) it cost 7-16% (a hand-off per task costs more than the steps); on an
+env that computes 0.2 ms steps in Python (holding the GIL, so the thread runs only while the
+loop waits) it was even (-3%..+2%)."""
+
+
+class _OwnShare:
+    """The envs the overlapped loop's own process steps (share 0): in the loop while their
+    tasks are short, on a thread once they take ``OWN_THREAD_SECONDS`` on average, so that a
+    long step there (a straggler, a reset, a remote simulator's wait) no longer holds back
+    every other batch's dispatch. Which thread steps an env never changes its data.
+
+    ``report`` is called on the thread after each task (``TaskQueues.local_report``: it wakes
+    a loop waiting for its lanes). The thread lives for one collect (:meth:`stop`)."""
+
+    def __init__(self, env_lanes: list, per_lane: int, ids: np.ndarray):
+        self.env_lanes, self.per_lane, self.ids = env_lanes, per_lane, ids
+        self.mean = 0.0  # a task's wall seconds, averaged; kept across collects
+        self.busy = False  # a task is on the thread, not taken back yet
+        self.error: BaseException | None = None
+        self._done: queue.SimpleQueue = queue.SimpleQueue()  # tasks the thread finished
+        self._waited: list[np.ndarray] = []  # ... and those :meth:`wait` took off it
+        self._tasks: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+
+    def threaded(self) -> bool:
+        return self.mean >= OWN_THREAD_SECONDS
+
+    def step(self, batch: np.ndarray, t: np.ndarray) -> None:
+        """Step ``batch`` (local env indices) at rows ``t[batch]`` here and now."""
+        t0 = time.perf_counter()
+        shares = batch // self.per_lane
+        for d in np.unique(shares).tolist():
+            sub = batch[shares == d]
+            self.env_lanes[d].submit(t[sub], self.ids[sub])
+        self.mean += 0.2 * (time.perf_counter() - t0 - self.mean) if self.mean else time.perf_counter() - t0
+
+    def start(self, batch: np.ndarray, t: np.ndarray, report: Callable[[], None]) -> None:
+        """Step ``batch`` on the thread; :meth:`take` hands it back once done."""
+        if self._thread is None:
+            self._tasks = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, args=(self._tasks, report),
+                                            name="auturi own env share", daemon=True)
+            self._thread.start()
+        self.busy = True
+        assert self._tasks is not None
+        self._tasks.put((batch, t))
+
+    def _run(self, tasks: queue.SimpleQueue, report: Callable[[], None]) -> None:
+        while True:
+            task = tasks.get()
+            if task is None:
+                return
+            try:
+                self.step(*task)
+            except BaseException as e:  # handed to the loop, raised there (as a step in the loop would)
+                self.error = e
+            self._done.put(task[0])
+            report()
+
+    def has_done(self) -> bool:
+        return bool(self._waited) or not self._done.empty()
+
+    def take(self) -> list[np.ndarray]:
+        """The tasks the thread finished since the last take; raises what a step raised."""
+        out, self._waited = self._waited, []
+        while not self._done.empty():
+            out.append(self._done.get())
+        if self.error is not None:
+            raise self.error
+        self.busy = False
+        return out
+
+    def wait(self) -> None:
+        """Block until the thread's task is done (when nothing else is in flight)."""
+        self._waited.append(self._done.get())
+
+    def stop(self, clean: bool) -> None:
+        """End the thread: at once after a collect (it is idle); after an error, waiting a
+        second at most for a step it may be stuck in (a daemon thread, left behind)."""
+        if self._thread is None:
+            return
+        assert self._tasks is not None
+        self._tasks.put(None)
+        self._thread.join(None if clean else 1.0)
+        self._thread = self._tasks = None
+        self.busy, self.error, self._waited, self._done = False, None, [], queue.SimpleQueue()
+
+
 class ActorLoop:
     """Schedules one actor's envs over its lanes.
 
@@ -218,6 +315,7 @@ class ActorLoop:
                 raise ValueError("the overlapped loop needs task_queues to queue tasks on remote lanes")
             self._queues = task_queues([lane for lane in env_lanes if lane.remote],
                                        [lane for lane in policy_lanes if lane.remote])
+            self._own = _OwnShare(env_lanes, self.per_lane, self.env_ids)
             D, m = len(env_lanes), self.per_lane
             # Batches round-robin over the shares: the first batch takes each share's first
             # env, and so on, so a worker's envs land in different batches and one of them
@@ -289,7 +387,8 @@ class ActorLoop:
         ids, per_lane = self.env_ids, self.per_lane
         lane_of = self._lane_of  # env -> its remote env lane, -1: this process's own share
         pol_remote, pol_of_remote = self._pol_remote, self._pol_of_remote
-        pol_lanes, env_lanes = self.policy_lanes, self.env_lanes
+        pol_lanes = self.policy_lanes
+        own_share = self._own
         num_env_lanes = q.num_env
         t = np.zeros(n, dtype=np.int64)
         need = np.zeros(n, dtype=np.int64)
@@ -339,9 +438,13 @@ class ActorLoop:
         def look() -> bool:
             """Handle what the lanes reported since the last look; whether anything was."""
             nonlocal seen
+            got = own_share.has_done()
+            if got:  # stepped on the own share's thread
+                for batch in own_share.take():
+                    stepped(batch)
             seq = q.seq()
             if (seq == seen).all():
-                return False
+                return got
             seen = seq
             for p in [p for p, (_, done_at) in pol_busy.items() if seq[num_env_lanes + pol_remote[p]] >= done_at]:
                 route(pol_busy.pop(p)[0])  # acted: queue the steps first
@@ -373,6 +476,7 @@ class ActorLoop:
 
         q.begin()
         seen = q.base
+        clean = False
         try:
             while finished < n:
                 beats[k_beat] += 1  # a scheduling round: progress, for whoever waits for this actor
@@ -395,19 +499,25 @@ class ActorLoop:
                 # This process's own share steps best while inference runs: when the envs
                 # env workers are stepping now would complete a batch, await them first, so
                 # that batch goes to inference before this process spends an env step.
-                if own.size and not batch_due():
-                    batch = own.pop_part()  # one batch's envs at a time
-                    shares = batch // per_lane
-                    for d in np.unique(shares).tolist():
-                        sub = batch[shares == d]
-                        env_lanes[d].submit(t[sub], ids[sub])
-                    stepped(batch)
-                    continue
+                if own.size and not own_share.busy:
+                    if own_share.threaded():  # every acted env of the share, stepped meanwhile
+                        own_share.start(own.pop(own.size), t, q.local_report)
+                        continue
+                    if not batch_due():
+                        batch = own.pop_part()  # one batch's envs at a time
+                        own_share.step(batch, t)
+                        stepped(batch)
+                        continue
                 t0 = now()
-                q.wait()
+                if flying.any() or pol_busy:
+                    q.wait()  # a lane reports, or the own share's thread does
+                else:
+                    own_share.wait()  # only the thread is at work (and a stuck step there stops the beat)
                 waited += now() - t0
+            clean = True
         finally:
             self.wait_seconds += waited
+            own_share.stop(clean)
         q.settle()
 
     def run(self, num_steps: int) -> None:

@@ -526,6 +526,7 @@ class TaskQueues:
         self.wpos = np.zeros(self.num_env, np.int64)
         self.base = self.owed = np.zeros(len(self.lanes), np.int64)
         self.taken = 0
+        self.extra = 0  # reports posted by a thread of this process (local_report)
         self._take = waiter.done_sem.acquire
         waiter.adopt(self.lanes)
 
@@ -537,6 +538,7 @@ class TaskQueues:
         self.base = self._seq[self.slots].copy()
         self.owed = self.base.copy()
         self.taken = 0
+        self.extra = 0
         c["cmd"][self.env_slots] = STEP_QUEUE  # read by a worker only after its next post
 
     def seq(self) -> np.ndarray:
@@ -595,11 +597,18 @@ class TaskQueues:
         while take(False):
             self.taken += 1
 
+    def local_report(self) -> None:
+        """A report from this process's own thread (the overlapped loop's own env share done):
+        posted on the same semaphore, so a :meth:`wait` for the lanes wakes for it too, and
+        counted, so :meth:`settle` leaves the semaphore as it found it."""
+        self.extra += 1
+        self.waiter.done_sem.release()
+
     def settle(self) -> None:
         """After the collect, with every post reported: take the reports' semaphore posts
         not taken yet, and count the reports as commands each lane finished."""
         reports = self.owed - self.base
-        for _ in range(int(reports.sum()) - self.taken):
+        for _ in range(int(reports.sum()) + self.extra - self.taken):
             self.waiter.take_report(self.slots, self.owed)
         for lane, r in zip(self.lanes, reports.tolist()):
             lane.issued += r
