@@ -24,10 +24,11 @@ For each step-time profile (``pong-like``, ``straggler``), in interleaved rounds
   ``pong-like`` (1 x 32, degree 32, 2 replicas of batch 16; the best lockstep one, 2 x 16,
   67-72%) and 69-75% on ``straggler`` (1 x 32, degree 32, 4 replicas of batch 8; the best
   lockstep one 42-45%);
-- with ``--tune-seconds``: ``auturi.tune`` (offline, ``cpu`` and ``cuda``) and its choice,
-  planning for the emulated machine's cores (``--tune-cores``, default ``--sim-cores``: its
-  process cap and model see the 16-core machine the envs step on, not the 2 real cores;
-  ``--tune-cores 0`` plans for this machine's).
+- with ``--tune-seconds``: ``auturi.tune`` (offline) and its choice, planning for the
+  emulated machine's cores (``--tune-cores``, default ``--sim-cores``: its process cap and
+  model see the 16-core machine the envs step on, not the 2 real cores; then it searches
+  ``cuda`` layouts only, since CPU inference runs on the real cores: :func:`tune_devices`);
+  ``--tune-cores 0`` plans for this machine's cores, over ``cpu`` and ``cuda``.
 
 Every system runs the same envs behind one :class:`~auturi.testing.emulated_sim.SimCores` pool
 (16 emulated simulator cores by default) and the same policy. ``--time-scale`` multiplies every
@@ -83,6 +84,18 @@ def layouts(n: int, sim_cores: int, quick: bool, overlap: bool = False) -> dict[
         out[f"auturi_2x{n // 2}_d{d2}"] = Config(2, n // 2, d2, 1, "cuda", n // 2)  # lockstep, two actors
         out[f"auturi_2x{n // 2}_d{d2}_2rep_b{n // 4}"] = Config(2, n // 2, d2, 2, "cuda", n // 4)
     return out
+
+
+def tune_devices(args: Any) -> list[str]:
+    """The devices ``auturi.tune`` searches: ``cpu`` and ``cuda``, or only ``cuda`` when it
+    plans for more cores than this machine has (``--tune-cores``): the emulation gives env
+    steps the emulated machine's cores, but CPU inference runs on the real ones, so a plan
+    for 16 cores would rank CPU layouts as if they had 16 (on 2026-11-26 it measured two
+    such, predicted 6,800-8,000 steps/s, at 880-1,640, and ran out of budget)."""
+    import os
+
+    beyond = bool(args.tune_cores) and args.tune_cores > (os.cpu_count() or 1)
+    return ["cuda"] if beyond else ["cpu", "cuda"]
 
 
 def loop_of(config: Any) -> str:
@@ -194,10 +207,11 @@ def run_profile(profile: str, args: Any, pool_name: str) -> dict:
         if args.tune_seconds:
             t0 = time.perf_counter()
             report = auturi.tune(env, policy=policy("cpu"), num_envs=n, num_steps=steps,
-                                 budget_seconds=args.tune_seconds, devices=["cpu", "cuda"], cache=False,
+                                 budget_seconds=args.tune_seconds, devices=tune_devices(args), cache=False,
                                  cores=args.tune_cores or None)
             chosen_trial = report.choice_trial
             row["tune"] = {"choice": str(report.config), "config": report.config.to_dict(),
+                           "devices": tune_devices(args), "cores": args.tune_cores or None,
                            "seconds": time.perf_counter() - t0, "measured": report.throughput,
                            "predicted": getattr(chosen_trial, "predicted", None),
                            "limit": report.limit, "limit_share": report.limit_share(),

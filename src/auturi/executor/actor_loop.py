@@ -22,7 +22,8 @@ Three loops, which the layout plan picks (``ActorPlan.lockstep``, ``ActorPlan.ov
   (``shm.channel.TaskQueues``), so a worker steps one batch's envs while another batch is in
   inference and goes on to the next without a round trip to the actor (Sample Factory's
   alternating halves, EnvPool's first-ready batches); the actor steps its own share while
-  inference runs;
+  inference runs, on a thread of its own once those steps are long (``OWN_THREAD_SECONDS``:
+  a straggler or reset there no longer holds back every batch's dispatch);
 - general: whichever envs are ready go to a free policy lane, and envs with actions to their
   env lane when it is idle (the serial backend, layouts without env workers, CPU policies:
   there inference shares the cores with the env workers, and spreading batches over the
