@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,14 +66,71 @@ def parse_config_line(text: str) -> Config:
     return Config(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
 
 
+def _side_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The runs of the tests that need nothing but their own process (and no worker process:
+    the serial backend), by name: (argv, environment). Each has a folder of its own under
+    ``tmp``."""
+    tune = [sys.executable, "-m", "auturi.cli", "tune"]
+    (tmp / "policy").mkdir()
+    model = tmp / "policy" / "ppo_cartpole.zip"
+    unwritable = tmp / "unwritable"
+    unwritable.mkdir()
+    (unwritable / "a_file").write_text("")
+    return {
+        "tuned": ([*tune, "CartPole-v1", *TINY, "--out", str(tmp / "result.json")], cli_env(tmp, 80)),
+        "policy_ok": ([*tune, "CartPole-v1", "--policy", str(model), "--backend", "serial", "--budget-trials", "2",
+                       "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "1", "--budget-seconds", "1",
+                       "--no-cache", "--json"], cli_env(tmp / "policy")),
+        "policy_wrong": ([*tune, "Acrobot-v1", "--policy", str(model), "--num-envs", "2"], cli_env(tmp / "policy")),
+        # the cache directory lies under a regular file, so it cannot be made even by root
+        "unwritable": ([*tune, "CartPole-v1", *TINY[:2], "--budget-trials", "2", "--num-envs", "2", "--num-steps",
+                        "8", "--max-trial-seconds", "0.5", "--budget-seconds", "1", "--out",
+                        str(unwritable / "result.json")],
+                       dict(cli_env(unwritable), AUTURI_CACHE_DIR=str(unwritable / "a_file" / "cache"))),
+    }
+
+
+_NEEDS = {"test_policy_from_a_saved_sb3_model": ("policy_ok", "policy_wrong"),
+          "test_an_unwritable_cache_loses_nothing": ("unwritable",)}
+"""The side runs a test reads besides ``tuned`` (which every test using that fixture reads)."""
+
+
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    """One tiny run, in a terminal of 80 columns (COLUMNS=80: rich and click read it)."""
+def side_runs(request, tmp_path_factory) -> tuple[dict[str, subprocess.CompletedProcess], dict[str, float], Path]:
+    """The side runs the selected tests need, all started at once and all ended before any
+    test reads its result: ``(results, wall seconds of each, the folder)``. Each is mostly one
+    core's work (Python importing torch, then a serial-backend tune), so on 2 cores together
+    they took ~10 s where one after another they took ~20 s (2026-11-26)."""
     tmp = tmp_path_factory.mktemp("cli")
-    out = tmp / "result.json"
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    wanted = {"tuned"} if any("tuned" in item.fixturenames for item in items) else set()
+    for item in items:
+        wanted.update(_NEEDS.get(item.originalname, ()))
+    if importlib.util.find_spec("stable_baselines3") is None:  # that test skips
+        wanted -= {"policy_ok", "policy_wrong"}
+    commands = {name: c for name, c in _side_commands(tmp).items() if name in wanted}
+    if "policy_ok" in commands:
+        from stable_baselines3 import PPO
+
+        PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(
+            tmp / "policy" / "ppo_cartpole.zip")
+    with ThreadPoolExecutor(len(commands) or 1) as pool:
+        futures = {name: pool.submit(_timed_run, *c) for name, c in commands.items()}
+    done = {name: f.result() for name, f in futures.items()}
+    return {name: r for name, (r, _) in done.items()}, {name: t for name, (_, t) in done.items()}, tmp
+
+
+def _timed_run(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    proc = cli("tune", "CartPole-v1", *TINY, "--out", str(out), tmp=tmp, columns=80)
-    return proc, out, time.perf_counter() - t0, tmp
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False)
+    return proc, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def tuned(side_runs):
+    """One tiny run, in a terminal of 80 columns (COLUMNS=80: rich and click read it)."""
+    results, seconds, tmp = side_runs
+    return results["tuned"], tmp / "result.json", seconds["tuned"], tmp
 
 
 def flat(text: str) -> str:
@@ -336,20 +394,12 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path):
         assert out == ""
 
 
-def test_policy_from_a_saved_sb3_model(tmp_path):
+def test_policy_from_a_saved_sb3_model(side_runs):
     pytest.importorskip("stable_baselines3")
-    from stable_baselines3 import PPO
-
-    path = tmp_path / "ppo_cartpole.zip"
-    PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(path)
-    ok = subprocess.Popen([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--policy", str(path),
-                           "--backend", "serial", "--budget-trials", "2", "--num-envs", "2", "--num-steps", "8",
-                           "--max-trial-seconds", "1", "--budget-seconds", "1", "--no-cache", "--json"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
-    wrong = cli("tune", "Acrobot-v1", "--policy", str(path), "--num-envs", "2", tmp=tmp_path)
-    out, err = ok.communicate(timeout=120)
-    assert ok.returncode == 0, err
-    rec = json.loads(out)
+    results, _, _ = side_runs
+    ok, wrong = results["policy_ok"], results["policy_wrong"]
+    assert ok.returncode == 0, ok.stderr
+    rec = json.loads(ok.stdout)
     assert rec["workload"]["policy"]["class"].endswith("SB3PolicyAdapter")
     assert Config.from_dict(rec["choice"]["config"]).num_envs == 2
     assert wrong.returncode == 2 and "the model expects observations" in wrong.stderr
@@ -385,18 +435,13 @@ def test_worker_timeout_and_address_reach_the_executor(tmp_path):
                                              'pip install "auturi[ray]"'], out.stderr
 
 
-def test_an_unwritable_cache_loses_nothing(tmp_path):
+def test_an_unwritable_cache_loses_nothing(side_runs):
     """The issue's case: the whole search ran, then PermissionError, exit 1 and no --out. Now
     --out is written, the run exits 0, and one warning line names the directory and the fix.
     The cache directory lies under a regular file, so this holds when the tests run as root."""
-    (tmp_path / "a_file").write_text("")
-    cache_dir = tmp_path / "a_file" / "cache"
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", *TINY[:2], "--budget-trials",
-                           "2", "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "0.5", "--budget-seconds",
-                           "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env=dict(cli_env(tmp_path), AUTURI_CACHE_DIR=str(cache_dir)))
+    results, _, tmp = side_runs
+    proc, cache_dir = results["unwritable"], tmp / "unwritable" / "a_file" / "cache"
+    out = tmp / "unwritable" / "result.json"
     assert proc.returncode == 0, proc.stderr
     assert Config.from_dict(json.loads(out.read_text())["choice"]["config"]).num_envs == 2
     warned = [ln for ln in proc.stderr.splitlines() if "warning" in ln.lower()]

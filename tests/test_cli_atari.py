@@ -106,17 +106,29 @@ def test_factory_pickles_and_workers_step_the_same_frames():
     np.testing.assert_array_equal(shm.actions, serial.actions)
 
 
-def test_cli_tunes_pong_with_the_cnn(tmp_path):
-    out = cli("tune", PONG, "--policy", "cnn", "--backend", "shm", "--start", "env_parallel_degree=2",
-              "--budget-trials", "1", "--num-envs", "2", "--num-steps", "4", "--max-trial-seconds", "0.5",
+def test_cli_tunes_pong_with_the_cnn_and_the_mlp(tmp_path):
+    """``--policy cnn`` on the preprocessed frames, and ``--policy mlp`` (issue 18: ``ALE/...``
+    ids reach the CLI's env workers, which never imported ale_py) with ``--json``: two
+    independent processes, run at once (they took ~7 s and ~10 s one after another, in this
+    module and test_env_registry, 2026-11-26)."""
+    common = ["--backend", "shm", "--start", "env_parallel_degree=2", "--budget-trials", "1", "--num-envs", "2",
+              "--num-steps", "4", "--max-trial-seconds", "0.5",
               "--budget-seconds", "1",  # what is checked is the workload and the notes, not the rounds' figures
-              "--no-cache", "--out", str(tmp_path / "r.json"), tmp_path=tmp_path)
+              "--no-cache"]
+    (tmp_path / "cnn").mkdir()
+    (tmp_path / "mlp").mkdir()
+    cnn = cli_start("tune", PONG, "--policy", "cnn", *common, "--out", str(tmp_path / "r.json"),
+                    tmp_path=tmp_path / "cnn")
+    mlp = cli_start("tune", PONG, "--policy", "mlp", *common, "--json", tmp_path=tmp_path / "mlp")
+    out, as_json = cli_wait(cnn), cli_wait(mlp)
     assert out.returncode == 0, out.stderr
     err = " ".join(out.stderr.split())
     assert "policy cnn (Nature CNN)" in err
     assert "standard Atari preprocessing" in err and "(4, 84, 84) uint8" in err and "--raw-frames" in err
     record = json.loads((tmp_path / "r.json").read_text())
     assert "AtariPreprocessed('ALE/Pong-v5'" in json.dumps(record["workload"])  # the cache keys it apart from raw
+    assert as_json.returncode == 0, as_json.stderr
+    assert '"env": "gym:ALE/Pong-v5"' in as_json.stdout or "ALE/Pong-v5" in as_json.stdout
 
 
 def test_cli_raw_frames_and_help(tmp_path):

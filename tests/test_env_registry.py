@@ -82,15 +82,8 @@ def test_ale_id_without_importing_ale_py_in_workers():
     assert ro.observations.shape == (4, 2, 210, 160, 3)
 
 
-@ale
-def test_cli_tune_ale(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "auturi.cli", "tune", "ALE/Pong-v5", "--policy", "mlp",
-                          "--backend", "shm", "--start", "env_parallel_degree=2", "--budget-trials", "1",
-                          "--num-envs", "2", "--num-steps", "4", "--max-trial-seconds", "0.5", "--budget-seconds",
-                          "1", "--no-cache", "--json"], capture_output=True, text=True, timeout=300, check=False,
-                         env=dict(os.environ, AUTURI_CACHE_DIR=str(tmp_path)))
-    assert out.returncode == 0, out.stderr
-    assert '"env": "gym:ALE/Pong-v5"' in out.stdout or "ALE/Pong-v5" in out.stdout
+# ``auturi tune ALE/Pong-v5`` through the CLI, with env workers: test_cli_atari's
+# test_cli_tunes_pong_with_the_cnn_and_the_mlp (run there at once beside the cnn one).
 
 
 WARNS = textwrap.dedent("""

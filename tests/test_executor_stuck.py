@@ -24,7 +24,8 @@ from auturi.envs import CountingEnv
 from auturi.executor.base import WORKER_TIMEOUT, resolve_worker_timeout
 from tests.helpers import BlockingEnv, ObsHashPolicy
 
-TIMEOUT = 2.0
+TIMEOUT = 1.0  # each stuck or stopped case waits this out (2 s until 2026-11-26: ~5 s more per run); a
+# healthy CountingEnv step takes microseconds, and first resets get START_TIMEOUT_FLOOR (60 s) anyway
 ENV_IN_WORKER = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
 REPLICAS = Config(num_actors=1, envs_per_actor=4, policies_per_actor=2, policy_batch_size=2)
 ACTORS = Config(num_actors=2, envs_per_actor=2)

@@ -73,28 +73,38 @@ def episodes(runner, calls=2):
 
 
 # ------------------------------------------------------------------------------ RLlib
-def test_rllib_defaults_to_ray_on_a_cluster_spreads_actors_and_equals_serial():
+def test_rllib_defaults_to_ray_on_a_cluster_spreads_actors_equals_serial_and_trains():
     """num_env_runners=2 on a two-node cluster: backend left out is ray, RLlib's layout (one
     actor per EnvRunner) lands one actor on each node, and two sample() calls give the
-    episodes of the serial layout (float outputs within rounding)."""
+    episodes of the serial layout (float outputs within rounding). Then, on the same actors
+    (one start-up of two Ray actors fewer than two tests), one PPO iteration (its result says
+    where the actors ran), and an actor killed: the next train() raises WorkerError naming it
+    and its node; nothing is restarted (the chosen fault behaviour) and nothing is left
+    behind."""
     from auturi.adapters.rllib import AuturiEnvRunner
 
-    runners = []
+    algo = auturi.wrap(ppo(), tune=False).build_algo()
+    serial = None
     try:
-        spread = AuturiEnvRunner(config=auturi.wrap(ppo(), tune=False))
-        runners.append(spread)
+        spread = algo.env_runner
         h = spread.auturi
         assert h.executor.backend == "ray" and h.config == Config(num_actors=2, envs_per_actor=2,
                                                                   policy_batch_size=2)
         assert sorted(labels(h.actor_places)) == ["node_a", "node_b"]
         serial = AuturiEnvRunner(config=auturi.wrap(ppo(), config=Config.serial(4), backend="serial"))
-        runners.append(serial)
         serial.module.load_state_dict(spread.module.state_dict())
         got, want = episodes(spread), episodes(serial)
         info = h.info()
+        result = algo.train()
+        rep = result["env_runners"]["auturi"]
+        victim = h.executor._actors[1]
+        ray.kill(victim.handle, no_restart=True)
+        with pytest.raises(WorkerError, match=r"ray actor 1 \(envs 2-3\) on node .* died"):
+            algo.train()
     finally:
-        for r in runners:
-            r.stop()
+        if serial is not None:
+            serial.stop()
+        algo.stop()
     assert len(got) == len(want) > 4 and any(e[2] for e in want)
     for a, b in zip(got, want):
         assert a[:3] == b[:3]
@@ -102,6 +112,7 @@ def test_rllib_defaults_to_ray_on_a_cluster_spreads_actors_and_equals_serial():
             np.testing.assert_array_equal(x, y)
         np.testing.assert_allclose(a[6], b[6], rtol=1e-5, atol=1e-5)
     assert info["backend"] == "ray" and info["nodes"] == 2 and len(info["actors"]) == 2
+    assert rep["backend"] == "ray" and rep["nodes"] == 2, rep
 
 
 def test_rllib_custom_resources_per_env_runner_place_the_actors():
@@ -125,25 +136,6 @@ def test_rllib_a_layout_the_cluster_cannot_place_fails_at_once_naming_it():
     with pytest.raises(ConfigError, match=r"cannot place .*node_b.*hold 1.*run fewer actors"):
         auturi.wrap(ppo(custom_resources_per_env_runner={"node_b": 1}), backend="ray", tune=False).build_algo()
     assert time.monotonic() - t0 < 60  # far below the placement timeout, on a busy machine too
-
-
-def test_rllib_ppo_trains_on_the_cluster_and_a_dead_actor_is_a_worker_error():
-    """One PPO iteration on the ray backend (its result says where the actors ran), then an
-    actor killed: the next train() raises WorkerError naming it and its node; nothing is
-    restarted (the chosen fault behaviour) and nothing is left behind."""
-    algo = auturi.wrap(ppo(), backend="ray", tune=False).build_algo()
-    try:
-        result = algo.train()
-        rep = result["env_runners"]["auturi"]
-        assert rep["backend"] == "ray" and rep["nodes"] == 2, rep
-        h = algo.env_runner.auturi
-        labels(h.actor_places)
-        victim = h.executor._actors[1]
-        ray.kill(victim.handle, no_restart=True)
-        with pytest.raises(WorkerError, match=r"ray actor 1 \(envs 2-3\) on node .* died"):
-            algo.train()
-    finally:
-        algo.stop()
 
 
 # ------------------------------------------------------------------------------ SB3

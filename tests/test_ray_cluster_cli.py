@@ -1,9 +1,9 @@
 """A Ray cluster started the way users start one: ``ray start --head`` and a second
 ``ray start --address=...``, each a separate process (``--block``, so ending that process
 ends its node's daemons), with bounded waits and torn down at the end. On it, in processes of
-their own: ``auturi tune --backend ray --address ...`` (prints where each actor ran), a wrapped
-RLlib PPO iteration, the error for a driver whose token-auth mode differs from the cluster's, and
-the one-line error for an address nobody listens on."""
+their own started together (``on_cluster``): ``auturi tune --backend ray --address ...`` (prints
+where each actor ran), a wrapped RLlib PPO iteration, the error for a driver whose token-auth
+mode differs from the cluster's; and the one-line error for an address nobody listens on."""
 from __future__ import annotations
 
 import json
@@ -113,23 +113,10 @@ def _run(args: list[str], timeout: float = RUN_SECONDS, **env: str) -> subproces
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env(**env))
 
 
-def test_cli_tune_on_the_cluster_prints_where_each_actor_ran(cluster):
-    """Both baselines (the 2-actor start and serial) are measured on the cluster; a 1-second
-    budget leaves the confirm rounds at their least (one round, never skipped): each change of
-    layout restarts the Ray actors (~2 s each), and the 3 rounds of a larger budget measured
-    nothing this test checks (the placement printed)."""
-    out = _run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--backend", "ray", "--address", cluster,
-                "--num-envs", "4", "--num-steps", "8", "--start", "num_actors=2", "--strategy", "grid",
-                "--budget-trials", "2", "--budget-seconds", "1", "--no-cache", "--json"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    rec = json.loads(out.stdout)
-    actors = rec.get("actors")
-    assert actors, f"no placement in the record: {sorted(rec)}"
-    assert [a["actor"] for a in actors] == list(range(len(actors)))
-    assert actors[0]["envs"][0] == 0 and actors[-1]["envs"][-1] == 3  # the choice's actors hold all 4 envs
-    assert all(a["node"] and a["pid"] > 0 for a in actors)
-    start = next(t for t in rec["trials"] if t["source"] == "start")
-    assert start["config"]["num_actors"] == 2 and start["status"] == "ok", start  # 2 actors ran on the cluster
+def _tune_command(address: str, budget: list[str]) -> list[str]:
+    return [sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--backend", "ray", "--address", address,
+            "--num-envs", "4", "--num-steps", "8", "--start", "num_actors=2", "--strategy", "grid", *budget,
+            "--no-cache"]
 
 
 PPO_SCRIPT = textwrap.dedent("""
@@ -152,13 +139,71 @@ PPO_SCRIPT = textwrap.dedent("""
         algo.stop()
 """)
 
+TOKEN_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "auturi-test-token-0123456789abcdef"}  # a token of its own
 
-def test_wrapped_rllib_ppo_trains_an_iteration_on_the_cluster(cluster):
+
+def _commands(address: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Each test's driver process on the cluster, by test name: (argv, extra environment)."""
+    return {
+        # Both baselines (the 2-actor start and serial); a 1-second budget leaves the confirm
+        # rounds at their least (one round, never skipped): each change of layout restarts
+        # the Ray actors (~2 s each), and the 3 rounds of a larger budget measured nothing
+        # the test checks (the placement printed).
+        "test_cli_tune_on_the_cluster_prints_where_each_actor_ran":
+            (_tune_command(address, ["--budget-trials", "2", "--budget-seconds", "1", "--json"]), {}),
+        "test_wrapped_rllib_ppo_trains_an_iteration_on_the_cluster": ([sys.executable, "-c", PPO_SCRIPT, address], {}),
+        "test_a_driver_in_token_auth_mode_is_told_what_differs":
+            (_tune_command(address, ["--budget-trials", "1"]), TOKEN_ENV),
+    }
+
+
+@pytest.fixture(scope="module")
+def on_cluster(request, cluster) -> dict[str, subprocess.CompletedProcess]:
+    """The selected tests' driver processes, all started at once and all ended before any
+    test reads its result (the per-test leak check then never sees one driver's processes
+    while another's test runs). One after another they took ~40 s of the module's ~65 s on
+    2 cores (2026-11-26), mostly each process importing Ray and torch and its Ray actors
+    starting, which overlap. They fit the cluster together: the tune's actors take at most
+    2 of its 4 CPUs at a time (a 2-actor or a 1-actor layout), the PPO's 2 (one actor per node,
+    as its test checks), and the token-mode driver's actors are refused before they hold any."""
+    mine = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
+    commands = {name: c for name, c in _commands(cluster).items() if name in mine}
+    procs = {name: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=_env(**extra)) for name, (args, extra) in commands.items()}
+    try:
+        done = {}
+        for name, p in procs.items():
+            out, err = p.communicate(timeout=RUN_SECONDS)
+            done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        return done
+    finally:
+        for p in procs.values():  # on a timeout or an error: none left running
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+def test_cli_tune_on_the_cluster_prints_where_each_actor_ran(on_cluster):
+    """Both baselines (the 2-actor start and serial) are measured on the cluster, and the
+    record says where each of the choice's actors ran."""
+    out = on_cluster["test_cli_tune_on_the_cluster_prints_where_each_actor_ran"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(out.stdout)
+    actors = rec.get("actors")
+    assert actors, f"no placement in the record: {sorted(rec)}"
+    assert [a["actor"] for a in actors] == list(range(len(actors)))
+    assert actors[0]["envs"][0] == 0 and actors[-1]["envs"][-1] == 3  # the choice's actors hold all 4 envs
+    assert all(a["node"] and a["pid"] > 0 for a in actors)
+    start = next(t for t in rec["trials"] if t["source"] == "start")
+    assert start["config"]["num_actors"] == 2 and start["status"] == "ok", start  # 2 actors ran on the cluster
+
+
+def test_wrapped_rllib_ppo_trains_an_iteration_on_the_cluster(cluster, on_cluster):
     """auturi.wrap(config, backend="ray", address=...) in a process of its own connects to the
     cluster at once (RLlib's build_algo() would first auto-start Ray with no address: a new
     local instance, or whichever cluster this machine ran last); build_algo() places the two
     actors over both nodes and one PPO train() samples its batch."""
-    out = _run([sys.executable, "-c", PPO_SCRIPT, cluster])
+    out = on_cluster["test_wrapped_rllib_ppo_trains_an_iteration_on_the_cluster"]
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     port = cluster.rsplit(":", 1)[1]
@@ -169,14 +214,11 @@ def test_wrapped_rllib_ppo_trains_an_iteration_on_the_cluster(cluster):
     assert rec["steps"] >= 64
 
 
-def test_a_driver_in_token_auth_mode_is_told_what_differs(cluster):
+def test_a_driver_in_token_auth_mode_is_told_what_differs(on_cluster):
     """The cluster runs without token authentication; a driver with RAY_AUTH_MODE=token has its
     actors dropped by Ray before they run: the error names the cause and the fix (it said only
     "died (ActorDiedError)" on node "?")."""
-    out = _run([sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1", "--backend", "ray", "--address", cluster,
-                "--num-envs", "4", "--num-steps", "8", "--start", "num_actors=2", "--strategy", "grid",
-                "--budget-trials", "1", "--no-cache"], RAY_AUTH_MODE="token",
-               RAY_AUTH_TOKEN="auturi-test-token-0123456789abcdef")  # a token of its own: none need exist
+    out = on_cluster["test_a_driver_in_token_auth_mode_is_told_what_differs"]
     assert out.returncode != 0
     assert "RAY_AUTH_MODE here: token" in out.stderr and "the same RAY_AUTH_MODE" in out.stderr, out.stderr[-2000:]
 

@@ -4,7 +4,8 @@ the sampled episodes with consistent metrics, and clear errors for what is not s
 
 Learning itself takes minutes for these algorithms (DQN's epsilon alone decays over 10k
 steps): ``python -m bench.rllib_peer learn`` compares wrapped and plain runs. One Ray instance
-serves the module (``ray_instance``, shared with ``test_rllib_wrap``)."""
+serves the module (``ray_instance``, shared with ``test_rllib_wrap``, which runs next on the same
+instance)."""
 from __future__ import annotations
 
 import time
@@ -17,7 +18,7 @@ pytest.importorskip("torch")
 
 import auturi  # noqa: E402
 from auturi import Config  # noqa: E402
-from tests.test_rllib_wrap import PROBE_ID, ray_instance  # noqa: E402,F401  (the module's Ray session)
+from tests.test_rllib_wrap import PROBE_ID, _ray_instance_owner, ray_instance  # noqa: E402,F401  (the Ray session)
 
 ALGOS = ("dqn", "sac", "appo", "impala")
 FRAGMENT, NUM_ENVS = 8, 4

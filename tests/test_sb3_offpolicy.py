@@ -32,9 +32,9 @@ def buffer_of(model) -> dict[str, np.ndarray]:
     return {k: getattr(b, k)[:b.pos].copy() for k in KEYS}
 
 
-def make(algo: str, learning_starts: int, train_freq, vec_env_cls=None):
+def make(algo: str, learning_starts: int, train_freq, vec_env_cls=None, vec_env_kwargs=None):
     if algo == "dqn":
-        env = make_vec_env("CartPole-v1", n_envs=N, seed=3, vec_env_cls=vec_env_cls)
+        env = make_vec_env("CartPole-v1", n_envs=N, seed=3, vec_env_cls=vec_env_cls, vec_env_kwargs=vec_env_kwargs)
         return DQN("MlpPolicy", env, learning_starts=learning_starts, train_freq=train_freq, buffer_size=2000,
                    batch_size=16, exploration_initial_eps=0.0, exploration_final_eps=0.0, target_update_interval=20,
                    policy_kwargs={"net_arch": [16]}, seed=3, device="cpu")
@@ -234,7 +234,9 @@ def test_a_subproc_vec_env_models_search_starts_on_env_workers_and_fills_the_sam
     from stable_baselines3.common.vec_env import SubprocVecEnv
 
     workers = Config(num_actors=1, envs_per_actor=N, env_parallel_degree=N)
-    model = make("dqn", 40, 4, vec_env_cls=SubprocVecEnv)
+    # fork: the start method is not what this test is about, and the cheapest (SB3's default,
+    # forkserver, took ~6 s here to start 4 workers, against ~0.1 s for the learn itself)
+    model = make("dqn", 40, 4, vec_env_cls=SubprocVecEnv, vec_env_kwargs={"start_method": "fork"})
     try:
         wrap_sb3(model, tuner_options={"cache": False, "min_sample_seconds": 0})
         tuner, executor = model.auturi.tuner, model.auturi.executor
