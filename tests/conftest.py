@@ -24,6 +24,20 @@ def _record_register(name: str, rtype: str) -> None:
 resource_tracker.register = _record_register
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_logs_in_one_folder(tmp_path_factory):
+    """SB3's logger makes a ``tempdir/SB3-<date>`` folder per ``learn()`` unless told where
+    (``SB3_LOGDIR``, read by the test processes and the scripts they start): one folder of the
+    test session's, removed with its temporary files, instead of thousands left in /tmp."""
+    old = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3_logs"))
+    yield
+    if old is None:
+        os.environ.pop("SB3_LOGDIR", None)
+    else:
+        os.environ["SB3_LOGDIR"] = old
+
+
 def our_segments(pid: int | None = None) -> set[str]:
     """Segments and named semaphores created by process ``pid`` (default: this one; their names
     carry it: ``auturi_<pid>_*``, ``sem.auturi_<pid>_*``) and, for this process, every named
