@@ -82,6 +82,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from auturi.config import Config
+from auturi.executor.actor_loop import OWN_THREAD_SECONDS
 from auturi.executor.layout import plan_layout
 
 STEP_EXTRA_BYTES = 32
@@ -423,7 +424,8 @@ def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cor
     - ``device`` (b): ``(g / P) * (L + ipc)``: ``g`` passes over ``P`` replicas side by side,
       each pass's latency ``L`` plus ``device_wait`` (its queue for a device other processes
       hold: ``device_share``); 0 with the policy in the actor (its passes are the actor's);
-    - ``actor`` (c): its own share's ``m * te``, its ``g * L`` when the policy runs in it,
+    - ``actor`` (c): its own share's ``m * te`` (only the CPU part once a task of it takes
+      ``OWN_THREAD_SECONDS``: the loop then steps it on a thread), its ``g * L`` when the policy runs in it,
       and ``post_seconds`` per post to an env worker and per batch handed to a replica (the
       emulated box, 2026-11-26: the actors' busy time, a collect less their blocked time,
       came within 10% of this on 8 of 10 layouts);
@@ -446,9 +448,15 @@ def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cor
     q, parts, k = _overlap_parts(config)
     lag = straggle(prof, q, k)
     trip = ipc * (2.0 if P > 1 else 1.0)  # lane -> actor -> replica -> actor -> lane; in the actor: one
+    # The actor's own share: stepped in its loop, or on its own thread once a task of it is
+    # long (OWN_THREAD_SECONDS): then only the share's CPU part holds the loop (a step that
+    # waits, a remote simulator's or the emulated box's, runs beside the dispatching).
+    own = m * te
+    if q * te >= OWN_THREAD_SECONDS:
+        own = m * (prof.env_step_seconds * min(1.0, max(0.0, prof.env_cpu_fraction)) + prof.env_overhead_seconds)
     return OverlapBounds(lanes=m * te + parts * 0.5 * ipc,
                          device=(g / P) * (L + ipc) if P > 1 else 0.0,
-                         actor=m * te + (g * L if P == 1 else 0.0)
+                         actor=own + (g * L if P == 1 else 0.0)
                          + ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds,
                          cycle=q * te + lag + L + trip)
 
