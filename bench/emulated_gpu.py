@@ -92,9 +92,9 @@ def tune_devices(args: Any) -> list[str]:
     steps the emulated machine's cores, but CPU inference runs on the real ones, so a plan
     for 16 cores would rank CPU layouts as if they had 16 (on 2026-11-26 it measured two
     such, predicted 6,800-8,000 steps/s, at 880-1,640, and ran out of budget)."""
-    import os
+    from auturi.resources import usable_cores
 
-    beyond = bool(args.tune_cores) and args.tune_cores > (os.cpu_count() or 1)
+    beyond = bool(args.tune_cores) and args.tune_cores > usable_cores()
     return ["cuda"] if beyond else ["cpu", "cuda"]
 
 

@@ -825,18 +825,25 @@ def _part2_md(rec: dict) -> list[str]:
             label += f" (overlap {r['overlap']})"
         out.append(_system_row(label, r, "vs_sb3_subproc"))
     t = rec.get("tune") or {}
-    if "error" in t:
-        out += ["", f"auturi.tune failed: {t['error']}"]
-    elif t:
-        lim = t.get("limit") or {}
-        out += ["", f"Tuner ({st['tune_seconds']:.0f} s, devices {', '.join(st['tune_devices'])}): chose "
-                f"{t['choice']}; predicted {_f(t.get('predicted'), '{:,.0f}')} steps/s, measured by the tuner "
-                f"{_f(t.get('tuner_measured'), '{:,.0f}')}, here {_f(t.get('measured_here'), '{:,.0f}')} "
-                f"(predicted / measured here {_f(t.get('predicted_over_measured'), '{:.2f}')}); its limit "
-                f"{_f(lim.get('steps_per_second'), '{:,.0f}')} steps/s (share {_f(t.get('limit_share'), '{:.0%}')})"]
+    out += _tune_md(t, f"{st['tune_seconds']:.0f} s, devices {', '.join(st['tune_devices'])}", t.get("choice"),
+                    f" (predicted / measured here {_f(t.get('predicted_over_measured'), '{:.2f}')})")
     if rec["skipped"]:
         out += ["", "Skipped (time budget): " + "; ".join(rec["skipped"])]
     return out + [""]
+
+
+def _tune_md(t: dict, what: str, choice: Any, extra: str = "") -> list[str]:
+    """The lines on a part's ``auturi.tune`` run (none when it did not run): its choice, the
+    model's prediction, what the tuner and this bench measured, and its limit."""
+    if "error" in t:
+        return ["", f"auturi.tune failed: {t['error']}"]
+    if not t:
+        return []
+    lim = t.get("limit") or {}
+    return ["", f"Tuner ({what}): chose {choice}; predicted {_f(t.get('predicted'), '{:,.0f}')} steps/s, "
+            f"measured by the tuner {_f(t.get('tuner_measured'), '{:,.0f}')}, here "
+            f"{_f(t.get('measured_here'), '{:,.0f}')}{extra}; its limit {_f(lim.get('steps_per_second'), '{:,.0f}')} "
+            f"steps/s (share {_f(t.get('limit_share'), '{:.0%}')})"]
 
 
 def _part3_md(rec: dict) -> list[str]:
@@ -859,15 +866,8 @@ def _part3_md(rec: dict) -> list[str]:
         label = names.get(k, f"Auturi on ale:{st['ale_game']}" if k.startswith("auturi_ale") else k)
         out.append(_system_row(label + (f": {r['config']}" if r.get("config") else ""), r, "vs_ale_alone"))
     t = rec.get("tune") or {}
-    if "error" in t:
-        out += ["", f"auturi.tune failed: {t['error']}"]
-    elif t:
-        lim = t.get("limit") or {}
-        out += ["", f"Tuner ({st['ale_tune_seconds']:.0f} s, {t.get('space')} lockstep layouts on "
-                f"{st['ale_device']}): chose {_c(t['choice'])}; predicted {_f(t.get('predicted'), '{:,.0f}')} "
-                f"steps/s, measured by the tuner {_f(t.get('tuner_measured'), '{:,.0f}')}, here "
-                f"{_f(t.get('measured_here'), '{:,.0f}')}; its limit {_f(lim.get('steps_per_second'), '{:,.0f}')} "
-                f"steps/s (share {_f(t.get('limit_share'), '{:.0%}')})"]
+    out += _tune_md(t, f"{st['ale_tune_seconds']:.0f} s, {t.get('space')} lockstep layouts on {st['ale_device']}",
+                    _c(t["choice"]) if "choice" in t else None)
     if rec["skipped"]:
         out += ["", "Skipped: " + "; ".join(rec["skipped"])]
     return out + [""]

@@ -69,6 +69,12 @@ def resolve_worker_timeout(worker_timeout: float | None) -> float:
     return seconds
 
 
+def given_num_envs(num_envs: int | None, config: Config | None) -> int | None:
+    """The total envs a caller gave: ``num_envs``, else the ``config``'s (a list of factories
+    is then checked against it), else None (a list of factories sets it)."""
+    return config.num_envs if num_envs is None and config is not None else num_envs
+
+
 class Executor(abc.ABC):
     """Runs collection under a :class:`Config`; the data never depends on the config.
 
@@ -121,9 +127,7 @@ class Executor(abc.ABC):
                  worker_timeout: float | None = None, check_finite: bool = False):
         self.worker_timeout = resolve_worker_timeout(worker_timeout)
         self.check_finite = bool(check_finite)
-        if num_envs is None and config is not None:
-            num_envs = config.num_envs  # a list of factories is checked against it below
-        self.env_fns = resolve_env_fns(env, num_envs)
+        self.env_fns = resolve_env_fns(env, given_num_envs(num_envs, config))
         self.num_envs = len(self.env_fns)
         self.policy = policy
         self.seed = int(seed)

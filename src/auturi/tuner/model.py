@@ -320,6 +320,11 @@ def _loaded(prof: Profile, load: float) -> Profile:
     return replace(prof, env_step_seconds=wall, env_cpu_fraction=cpu / wall if wall > 0 else frac)
 
 
+def _step_cpu(prof: Profile) -> float:
+    """Seconds one env step computes (its CPU part, not its waits) and its bookkeeping."""
+    return prof.env_step_seconds * min(1.0, max(0.0, prof.env_cpu_fraction)) + prof.env_overhead_seconds
+
+
 def _cpu_per_step(config: Config, prof: Profile) -> float:
     """Seconds of CPU each env step costs, wherever it runs: the env's own share, the
     bookkeeping, its part of the forward passes and of the round trips."""
@@ -453,7 +458,7 @@ def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cor
     # waits, a remote simulator's or the emulated box's, runs beside the dispatching).
     own = m * te
     if q * te >= OWN_THREAD_SECONDS:
-        own = m * (prof.env_step_seconds * min(1.0, max(0.0, prof.env_cpu_fraction)) + prof.env_overhead_seconds)
+        own = m * _step_cpu(prof)
     return OverlapBounds(lanes=m * te + parts * 0.5 * ipc,
                          device=(g / P) * (L + ipc) if P > 1 else 0.0,
                          actor=own + (g * L if P == 1 else 0.0)
@@ -503,7 +508,7 @@ def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float)
         # No barrier: a process holds a core for its CPU work and blocks on its semaphore
         # otherwise (an env worker whose envs are all in inference or in a forming batch).
         _, parts, _ = _overlap_parts(config)
-        step_cpu = prof.env_step_seconds * frac + prof.env_overhead_seconds
+        step_cpu = _step_cpu(prof)
         worker = min(1.0, (m * step_cpu + parts * 0.5 * prof.ipc_seconds) / row)
         host = ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds
         inference = g * prof.policy_latency(config.policy_device, B, cpu=True) if P == 1 else 0.0

@@ -33,7 +33,7 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.errors import WorkerError
-from auturi.executor.base import Executor
+from auturi.executor.base import Executor, given_num_envs
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
@@ -641,9 +641,8 @@ def _env_modules(args: tuple, kwargs: dict) -> tuple[str, ...]:
 
     try:
         env = args[0] if args else kwargs["env"]
-        num_envs = args[2] if len(args) > 2 else kwargs.get("num_envs")
-        config = args[3] if len(args) > 3 else kwargs.get("config")
-        fns = resolve_env_fns(env, num_envs if num_envs is not None or config is None else config.num_envs)
+        fns = resolve_env_fns(env, given_num_envs(args[2] if len(args) > 2 else kwargs.get("num_envs"),
+                                                  args[3] if len(args) > 3 else kwargs.get("config")))
     except Exception:  # a bad env argument: the base constructor says why
         return ()
     return modules_to_preload(fns[0]) if fns else ()
