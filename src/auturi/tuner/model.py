@@ -1,11 +1,11 @@
-"""The analytic throughput model the ``model`` strategy ranks with: :func:`predict` reads a
+"""The throughput model the ``model`` strategy ranks with: :func:`predict` reads a
 :class:`~auturi.tuner.profile.Profile` and says how many env steps a second a config would
 collect; :func:`fit_overheads` fits the profile's costs that profiling cannot time to the
 configs measured so far.
 
 Over 400 lines as one module: the row model (:func:`predict` down to :func:`_cpu_busy`) is
 one computation cut into functions that read one another's terms (the busy processes, the
-loaded env step, the device's queue, the overlapped loop's bounds), and the fit sits with it
+loaded env step, the device's queue, the overlapped loop's row), and the fit sits with it
 because its loss is :func:`predict`'s error on measured configs and its grids and bounds say
 where each of the model's costs means something; it hands back a profile with some fields
 replaced, nothing more. What the profile holds, and profiling an executor to fill one, is in
@@ -26,13 +26,14 @@ only its fields and :meth:`~auturi.tuner.profile.Profile.policy_latency`.
   everything in one process (the serial point) they always add;
 - lock-step env lanes wait for the slowest: the expected max of ``D`` lanes' row times,
   ``std * sqrt(E/D) * z(D)`` per row (:func:`expected_max_z`);
-- the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: batches spread
-  over the lanes, env workers queueing several batches' steps) has no barrier and its own
-  row (:func:`overlap_bounds`): the busiest of (a) an env worker's stepping, (b) the
-  replicas' forward passes side by side on the device and (c) the actor's own share, passes
-  and host work per task (``post_seconds``), combined with one batch part's cycle (its
-  steps, the slowest of the lanes in *its* batch, the pass, the round trips) as their root
-  sum of squares; the lockstep straggle and stall terms above do not apply;
+- lock-step lanes waiting at the barrier hold no core for part of the wait
+  (:data:`BARRIER_IDLE`), with the policy on a device;
+- the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: batches of the
+  first envs ready, spread over the lanes, env workers queueing several batches' steps) has
+  no barrier; its row is simulated (:mod:`auturi.tuner.loop_sim`, :func:`_overlapped_row`):
+  the loop's own dispatch rules over step times drawn from the profile, with the actor's
+  host work per hand-off (``post_seconds``) and the round trips; the lockstep straggle and
+  stall terms above do not apply;
 - actors run in parallel (``shm``) or one after another (``serial`` backend);
 - the total is capped by ``cores / (CPU seconds per env step)``, and divided by
   ``1 + contention * (busy processes - cores) / cores`` when processes outnumber cores, where
@@ -77,13 +78,14 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from auturi.config import Config
 from auturi.executor.actor_loop import OWN_THREAD_SECONDS
 from auturi.executor.layout import plan_layout
+from auturi.tuner.loop_sim import overlapped_row
 
 STEP_EXTRA_BYTES = 32
 """Rollout bytes per env step besides the observation (action, reward, flags, extras)."""
@@ -331,8 +333,8 @@ def _cpu_per_step(config: Config, prof: Profile) -> float:
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     g = math.ceil(E / B)
     if overlaps(config):  # the actor's host work per post and per batch (an env worker's part: its steps)
-        _, parts, _ = _overlap_parts(config)
-        task_cpu, tasks_per_row = prof.post_seconds, (D - 1) * parts + (g if P > 1 else 0)
+        _, parts = _overlap_parts(config)
+        task_cpu, tasks_per_row = prof.post_seconds, (D - 1) * parts + g
     else:
         task_cpu = 0.5 * prof.ipc_seconds  # the busy part of a round trip, both sides
         tasks_per_row = (D - 1) * math.ceil((E // D) / B) + (g if P > 1 else 0)
@@ -384,99 +386,125 @@ def _loaded_ipc(prof: Profile, busy: float, cores: int) -> float:
     return prof.ipc_seconds * (1.0 + max(0.0, busy - cores) / cores)
 
 
-def _overlap_parts(config: Config) -> tuple[int, int, int]:
+def _overlap_parts(config: Config) -> tuple[int, int]:
     """How the overlapped loop cuts one actor's row (:func:`~auturi.executor.actor_loop.spread_batch`):
-    ``(q, parts, k)``: ``q`` envs of one env lane ride in one batch (the batch's fair share of
-    the lane, at least one), so a lane gets ``parts`` posts a row, and a batch waits for the
-    steps of ``k`` lanes (with one env a lane: ``B`` of them, not all ``D``)."""
+    ``(q, parts)``: ``q`` envs of one env lane ride in one batch (the batch's fair share of
+    the lane, at least one), so a lane gets ``parts`` posts a row."""
     E, D, B = config.envs_per_actor, config.env_parallel_degree, config.policy_batch_size
     m = E // D
     q = min(m, max(1, math.ceil(m * B / E)))
-    return q, math.ceil(m / q), min(D, math.ceil(B / q))
+    return q, math.ceil(m / q)
 
 
-class OverlapBounds(NamedTuple):
-    """What bounds one actor's row seconds in the executor's overlapped loop
-    (:func:`overlap_bounds`); :func:`_overlapped_row` combines them."""
-
-    lanes: float
-    """(a) an env worker's stepping a row: its ``m`` envs' steps and the CPU side of its posts."""
-    device: float
-    """(b) the forward passes a row over the replicas running side by side (0: in the actor)."""
-    actor: float
-    """(c) the actor's own process a row: its env share, its forward passes (one replica),
-    its host work per task."""
-    cycle: float
-    """One part of a lane going round: its steps, the wait for the slowest lane of its
-    batch, the forward pass and the round trips; a row can be no shorter."""
-
-    @property
-    def busiest(self) -> float:
-        """The busiest resource's time a row: the throughput bound of (a), (b) and (c)."""
-        return max(self.lanes, self.device, self.actor)
-
-
-def overlap_bounds(config: Config, prof: Profile, busy: float | None = None, cores: int | None = None,
-                   device_wait: float = 0.0) -> OverlapBounds:
-    """The bounds on one actor's row seconds in the executor's overlapped loop (the layout
-    plan's ``ActorPlan.overlap``: batches spread over the env lanes, each env worker queueing
-    the steps of several batches, so a lane steps one batch's envs while another batch is in
-    inference). No lockstep barrier (the batches alternate), so neither the lockstep straggle
-    of all ``D`` lanes nor the stall for the actor's share applies. With ``m`` envs a lane,
-    ``g`` batches a row, ``P`` replicas, and :func:`_overlap_parts`' ``q``, ``parts``, ``k``:
-
-    - ``lanes`` (a): ``m * te`` and the CPU side of the lane's ``parts`` posts;
-    - ``device`` (b): ``(g / P) * (L + ipc)``: ``g`` passes over ``P`` replicas side by side,
-      each pass's latency ``L`` plus ``device_wait`` (its queue for a device other processes
-      hold: ``device_share``); 0 with the policy in the actor (its passes are the actor's);
-    - ``actor`` (c): its own share's ``m * te`` (only the CPU part once a task of it takes
-      ``OWN_THREAD_SECONDS``: the loop then steps it on a thread), its ``g * L`` when the policy runs in it,
-      and ``post_seconds`` per post to an env worker and per batch handed to a replica (the
-      emulated box, 2026-11-26: the actors' busy time, a collect less their blocked time,
-      came within 10% of this on 8 of 10 layouts);
-    - ``cycle``: ``q * te``, plus the wait for the slowest of the ``k`` lanes in the batch
-      (the expected max of ``k`` lanes' ``q``-step times, not of all ``D`` lanes' rows),
-      ``L`` and the round trips back to the lane. With one part a lane (one env a worker)
-      the lane idles while its env is in inference, and this is the row.
-
-    ``busy`` processes on ``cores`` cores (default: the layout's, the profile's) slow the
-    round trips; ``te`` (the env step) is the profile's, stretched by the loaded-core factor
-    where the caller applied it (:func:`_loaded`)."""
-    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
-    cores = prof.cores if cores is None else cores
-    busy = busy_processes(config) if busy is None else busy
-    te = prof.env_step_seconds + prof.env_overhead_seconds
-    g = math.ceil(E / B)
-    L = prof.policy_latency(config.policy_device, B) + device_wait
-    ipc = _loaded_ipc(prof, busy, cores)
-    m = E // D
-    q, parts, k = _overlap_parts(config)
-    lag = straggle(prof, q, k)
-    trip = ipc * (2.0 if P > 1 else 1.0)  # lane -> actor -> replica -> actor -> lane; in the actor: one
-    # The actor's own share: stepped in its loop, or on its own thread once a task of it is
-    # long (OWN_THREAD_SECONDS): then only the share's CPU part holds the loop (a step that
-    # waits, a remote simulator's or the emulated box's, runs beside the dispatching).
-    own = m * te
-    if q * te >= OWN_THREAD_SECONDS:
-        own = m * _step_cpu(prof)
-    return OverlapBounds(lanes=m * te + parts * 0.5 * ipc,
-                         device=(g / P) * (L + ipc) if P > 1 else 0.0,
-                         actor=own + (g * L if P == 1 else 0.0)
-                         + ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds,
-                         cycle=q * te + lag + L + trip)
+SIM_ROWS = 32
+"""At most this many rows of a collect are simulated (:func:`_overlapped_row`): enough for
+the start and the end of a collect to weigh as in a real one (within 2% between 32 and 64 on
+the records of 2026-11-26), at about a millisecond a layout."""
 
 
 def _overlapped_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
-    """One actor's row seconds in the overlapped loop, from :func:`overlap_bounds`: no shorter
-    than its busiest resource's time (the max of (a), (b), (c)) nor than one part's cycle, and
-    longer than both where they are close: the resources hand each batch on to one another,
-    so each waits for the others part of the time. The row is the root sum of squares of the
-    two, their max where one dominates and ``sqrt(2)`` times it where they are equal. (The
-    emulated box, 2026-11-26, 10 overlapped layouts on two step profiles at time scales 4
-    and 2: the plain max predicted up to 59% high, 7 of the 20 over 25%; the root sum of
-    squares -15% to +17%; ``python -m bench.model_check``.)"""
-    b = overlap_bounds(config, prof, busy, cores, device_wait)
-    return math.hypot(b.busiest, b.cycle)
+    """One actor's row seconds in the executor's overlapped loop (the layout plan's
+    ``ActorPlan.overlap``), from a simulation of the loop's own rules
+    (:func:`auturi.tuner.loop_sim.overlapped_row`: batches of the first ``B`` ready envs, the
+    furthest behind first; env workers stepping what they are posted in turn; replicas side
+    by side) over step times drawn from the profile (:func:`_step_draws`). The costs it is
+    given: the pass's latency plus ``device_wait`` (its queue for a device other processes
+    hold), a round trip slowed by ``busy`` processes on ``cores`` cores, the actor's
+    ``post_seconds`` per hand-off and an env worker's half round trip per post. The actor's
+    own share steps on a thread once a task of it takes ``OWN_THREAD_SECONDS``, as the loop
+    decides. On the emulated GPU box's 30 overlapped measurements of 2026-11-26 (two step
+    profiles, time scales 4 and 2) the simulated row came within 1-23% of the measured one,
+    where the closed form it replaces (the busiest resource and one batch's cycle combined)
+    ranged from -30% to +38%."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
+    te = prof.env_step_seconds + prof.env_overhead_seconds
+    L = prof.policy_latency(config.policy_device, B) + device_wait
+    ipc = _loaded_ipc(prof, busy, cores)
+    q, _ = _overlap_parts(config)
+    rows = min(prof.num_steps or SIM_ROWS, SIM_ROWS)
+    te = max(te, 1e-9)  # envs that step in no time: the row is the passes' and the hand-offs'
+    # The loop's timing scales with its inputs (steps, passes and hand-offs twice as long: a
+    # row twice as long), so it is simulated in units of a mean step. The simulation runs at
+    # costs rounded to COST_STEP and its row is carried to the exact costs by the bound
+    # (:func:`_overlap_bound`) moving between them: a refit's candidates, which differ in one
+    # cost, mostly share a run (a run is about a millisecond; a refit weighs over a thousand).
+    threaded = q * te >= OWN_THREAD_SECONDS
+    l, i, p = L / te, ipc / te, prof.post_seconds / te
+    lb, ib, pb = _bucket(l, COST_STEP), _bucket(i, HANDOFF_STEP), _bucket(p, HANDOFF_STEP)
+    sim = _simulated_row(E, D, P, B, rows, _step_shape(prof), lb, ib, pb, threaded)
+    return te * sim * _overlap_bound(config, l, i, p, threaded) / _overlap_bound(config, lb, ib, pb, threaded)
+
+
+def _overlap_bound(config: Config, L: float, ipc: float, post: float, own_threaded: bool) -> float:
+    """The least row the overlapped loop could take, in units of a mean step (``L``, ``ipc``,
+    ``post``: the pass, the round trip and the actor's cost per hand-off, in steps): the
+    busiest of an env worker (its ``m`` steps and posts), the replicas side by side, the
+    actor (its own share unless on its thread, its passes with one replica, its hand-offs),
+    and one env's cycle (a step, a pass, the round trips)."""
+    E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
+    m, g = E // D, math.ceil(E / B)
+    q, parts = _overlap_parts(config)
+    lanes = m + parts * 0.5 * ipc
+    device = (g / P) * (L + ipc) if P > 1 else 0.0
+    actor = ((0.0 if own_threaded else m) + (g * L if P == 1 else 0.0)
+             + ((D - 1) * parts + g) * post)
+    cycle = q + L + ipc * (2.0 if P > 1 else 1.0)
+    return max(lanes, device, actor, cycle)
+
+
+COST_STEP, HANDOFF_STEP = 0.1, 1.0
+"""The simulation's pass latency (in steps) is rounded to a power of ``1 + COST_STEP``, its
+hand-off costs (round trip, the actor's post) to a power of ``1 + HANDOFF_STEP``; between those
+the closed-form bound carries the row (:func:`_overlapped_row`)."""
+
+
+def _bucket(x: float, step: float) -> float:
+    """``x`` rounded to the nearest power of ``1 + step`` (0 stays 0)."""
+    if x <= 0:
+        return 0.0
+    k = math.log1p(step)
+    return float(math.exp(round(math.log(x) / k) * k))
+
+
+def _step_shape(prof: Profile) -> tuple[float, ...]:
+    """The profile's step times over their mean: its quantiles where profiling took them,
+    else a lognormal of its coefficient of variation (``("lognormal", cv)``); 0 steps wait
+    no time."""
+    if prof.env_step_quantiles:
+        q = np.asarray(prof.env_step_quantiles, dtype=np.float64)
+        mean = float(q.mean())
+        return tuple(float(x) for x in q / mean) if mean > 0 else (1.0,)
+    mean = prof.env_step_seconds
+    return (-1.0, round(prof.env_step_std / mean, 3) if mean > 0 else 0.0)  # -1: a lognormal's marker
+
+
+def _step_draws(shape: tuple[float, ...], envs: int, rows: int) -> np.ndarray:
+    """``(envs, rows)`` step times over their mean, drawn from ``shape`` (:func:`_step_shape`),
+    seeded: the same draws, and so the same prediction, every call."""
+    rng = np.random.default_rng(0)
+    if shape and shape[0] < 0:  # a lognormal of mean 1 and coefficient of variation shape[1]
+        s2 = math.log1p(shape[1] ** 2)
+        return rng.lognormal(-s2 / 2, math.sqrt(s2), size=(envs, rows))
+    q = np.asarray(shape, dtype=np.float64)
+    return q[rng.integers(0, len(q), size=(envs, rows))]
+
+
+@functools.lru_cache(maxsize=8192)
+def _simulated_row(E: int, D: int, P: int, B: int, rows: int, shape: tuple[float, ...], L: float, ipc: float,
+                   post: float, own_threaded: bool) -> float:
+    """:func:`~auturi.tuner.loop_sim.overlapped_row` in units of a mean step."""
+    return overlapped_row(E, D, P, B, _step_draws(shape, E, rows), latency=L, ipc=ipc, post=post,
+                          lane_cpu=0.5 * ipc, own_threaded=own_threaded)
+
+
+BARRIER_IDLE = 0.5
+"""The share of a lockstep lane's wait at the barrier (the expected lag of the slowest of its
+actor's lanes, :func:`straggle`) that :func:`_cpu_busy` counts as holding no core. Blocked on
+its semaphore a process holds none for all of it, but each wake-up of a blocked process on a
+loaded machine costs a core too, which the row does not price: on the emulated GPU box
+(2026-11-26, 2 cores, 10 lockstep layouts in three records) counting none of the wait left
+2 x 16 at degree 16 (32 processes) 22-38% low, counting all of it left the straggler rows
+up to 52% high, and half kept all 30 within 25% (-24% to +21%)."""
 
 
 def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float) -> float:
@@ -507,14 +535,18 @@ def _cpu_busy(config: Config, prof: Profile, actors: int, busy: int, row: float)
     if overlaps(config):
         # No barrier: a process holds a core for its CPU work and blocks on its semaphore
         # otherwise (an env worker whose envs are all in inference or in a forming batch).
-        _, parts, _ = _overlap_parts(config)
+        _, parts = _overlap_parts(config)
         step_cpu = _step_cpu(prof)
         worker = min(1.0, (m * step_cpu + parts * 0.5 * prof.ipc_seconds) / row)
-        host = ((D - 1) * parts + (g if P > 1 else 0)) * prof.post_seconds
+        host = ((D - 1) * parts + g) * prof.post_seconds
         inference = g * prof.policy_latency(config.policy_device, B, cpu=True) if P == 1 else 0.0
         actor = min(1.0, (m * step_cpu + host + inference) / row)
         return max(1.0, actors * ((D - 1) * worker + actor + (P * share if P > 1 else 0.0)))
-    own = min(1.0, m * wait / row)  # per env-stepping process
+    # Per env-stepping process: its envs' waits, and (lockstep lanes, the policy on a device)
+    # its share of the barrier's wait for the slowest lane (BARRIER_IDLE of the expected lag;
+    # with CPU inference the policy's torch threads take the cores the waiting lanes leave).
+    barrier = BARRIER_IDLE * straggle(prof, m, D) / row if D > 1 and device else 0.0
+    own = min(1.0, m * wait / row + barrier)
     worker = own
     if device and P == 1 and D > 1:
         worker = min(1.0, own + g * prof.policy_latency(config.policy_device, B) / row)

@@ -53,7 +53,6 @@ from auturi.resources import ray_node_cores, usable_cores
 # from where they are defined.
 from auturi.tuner.model import (  # noqa: F401
     STEP_EXTRA_BYTES,
-    OverlapBounds,
     _cpu_busy,
     _overlapped_row,
     actors_per_node,
@@ -62,7 +61,6 @@ from auturi.tuner.model import (  # noqa: F401
     cross_node_seconds,
     expected_max_z,
     fit_overheads,
-    overlap_bounds,
     overlaps,
     predict,
     straggle,
