@@ -7,7 +7,7 @@ rides in a later one, and the collect ends when its last env has stepped ``num_s
 times. Closed forms for that either charge every batch the slowest of its lanes (the model
 of 2026-11-26 afternoon: 27-30% low on the emulated straggler box) or none of them (the
 wait for a batch to fill alone: 20-57% high there). Stepping the loop's own rules over step
-times drawn from the profile came within 1-21% (every row) of the emulated GPU box's 30
+times drawn from the profile, the model came within -14% to +25% of the emulated GPU box's 30
 overlapped measurements of 2026-11-26 (``bench/results/model_check_evening*.json``).
 
 What it simulates, per actor (actors run side by side; the cores and the device they share

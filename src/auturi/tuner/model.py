@@ -397,9 +397,10 @@ def _overlap_parts(config: Config) -> tuple[int, int]:
 
 
 SIM_ROWS = 32
-"""At most this many rows of a collect are simulated (:func:`_overlapped_row`): enough for
-the start and the end of a collect to weigh as in a real one (within 2% between 32 and 64 on
-the records of 2026-11-26), at about a millisecond a layout."""
+"""At most this many rows of a collect are simulated (:func:`_overlapped_row`); a run's time
+grows with them (about a millisecond for 32 envs x 32 rows). Fewer rows than the collect's
+weigh its start and its end (the last env's tail) more: on the emulated box's overlapped
+layouts of 2026-11-26 (64-row collects), 32 rows read 0.5-14% slower than 64."""
 
 
 def _overlapped_row(config: Config, prof: Profile, busy: float, cores: int, device_wait: float = 0.0) -> float:
@@ -413,9 +414,11 @@ def _overlapped_row(config: Config, prof: Profile, busy: float, cores: int, devi
     ``post_seconds`` per hand-off and an env worker's half round trip per post. The actor's
     own share steps on a thread once a task of it takes ``OWN_THREAD_SECONDS``, as the loop
     decides. On the emulated GPU box's 30 overlapped measurements of 2026-11-26 (two step
-    profiles, time scales 4 and 2) the simulated row came within 1-23% of the measured one,
-    where the closed form it replaces (the busiest resource and one batch's cycle combined)
-    ranged from -30% to +38%."""
+    profiles, time scales 4 and 2) the predicted rates came within -14% to +25% of the
+    measured ones, where the closed form it replaces (the busiest resource and one batch's
+    cycle combined) ranged from -30% to +38%. It reads high more often than low: it leaves out
+    the wake-up of a process blocked on its semaphore, which the fit's round trip absorbs once
+    layouts are measured."""
     E, D, P, B = config.envs_per_actor, config.env_parallel_degree, config.policies_per_actor, config.policy_batch_size
     te = prof.env_step_seconds + prof.env_overhead_seconds
     L = prof.policy_latency(config.policy_device, B) + device_wait
