@@ -16,7 +16,7 @@ are the model's business, :mod:`auturi.tuner.model`):
 - ``E`` envs over ``D`` env lanes of ``E // D`` envs; lane 0 is the actor's own share, the
   others env workers that step what they are posted in order, one after another;
 - the actor, one process whose clock runs on: each post to an env worker and each batch
-  handed to a replica costs it ``post``; with one replica (``P == 1``) the forward pass runs
+  handed to a policy (a replica, or its own) costs it ``post``; with one replica (``P == 1``) the forward pass runs
   in it and blocks it ``L``; its own share steps in its loop when no batch is due, or, when
   ``own_threaded``, on a thread of its own (a lane without round trips);
 - ``P > 1`` replicas, each a process running one pass of ``L`` at a time;
