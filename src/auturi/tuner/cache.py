@@ -381,6 +381,10 @@ def _warn_directory(directory: Path, what: str, error: BaseException) -> None:
             return
         _warned_dirs.add(key)
     reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+    if isinstance(error, (FileExistsError, NotADirectoryError)):
+        blocker = next((q for q in (directory, *directory.parents) if q.is_file()), None)
+        if blocker is not None:
+            reason = f"{blocker} is a file, not a directory"
     warnings.warn(f"the Auturi results cache {directory} cannot be {what} ({reason}); going on without it. "
                   f"Set {CACHE_ENV_VAR}=/a/writable/dir to cache elsewhere, or turn the cache off "
                   f"(auturi tune --no-cache; cache=False in auturi.tune or Tuner; "
@@ -417,7 +421,7 @@ class ResultsCache:
         user owns."""
         p = self.path(hardware, workload)
         try:
-            with open(p) as f:
+            with open(p, "rb") as f:  # bytes: a file that is not UTF-8 is an invalid record, not a crash
                 st = os.fstat(f.fileno())  # the file read, not whatever the name points at later
                 if not _is_ours(st):
                     me = os.getuid()  # _is_ours is only False where there are user ids
@@ -436,13 +440,13 @@ class ResultsCache:
             rec = json.loads(text)
         except ValueError as e:
             warnings.warn(f"ignoring unreadable Auturi cache file {p} ({e}); delete it to silence this",
-                          stacklevel=2)
+                          CacheWarning, stacklevel=2)
             return None
         try:
             check_record(rec, CACHE_REQUIRED)
         except ValueError as e:
             warnings.warn(f"ignoring invalid Auturi cache file {p} ({e}); delete it to silence this",
-                          stacklevel=2)
+                          CacheWarning, stacklevel=2)
             return None
         return rec
 
