@@ -53,7 +53,7 @@ def probe_spaces(env: Any) -> tuple[Any, Any]:
 
     from auturi.envs import resolve_env_fns
 
-    fn = resolve_env_fns(env, 1)[0]
+    fn = resolve_env_fns(env, None if isinstance(env, (list, tuple)) else 1)[0]  # a list: its first factory
     try:
         e = fn()
     except Exception as exc:  # noqa: BLE001 - the user's factory: say what it raised, in one line
