@@ -46,6 +46,7 @@ DEFAULT_NUM_STEPS = 64
 DEFAULT_MAX_TRIAL_SECONDS = 4.0
 DEFAULT_TOP_K = 2
 DEFAULT_FINAL_ROUNDS = (1, 2)
+MAX_COUNT = 2**31 - 1  # --num-envs, --num-steps: far above any real run; 10**20 failed deep in a trial (OverflowError)
 
 
 class Strategy(str, Enum):
@@ -222,18 +223,24 @@ def _run(fn: Callable[[], None], debug: bool) -> None:
 
 def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | None, budget_seconds: float | None,
                         max_trial_seconds: float, status_port: int | None, status_host: str,
-                        status_token: str | None, status_linger: float | None, strategy: str) -> None:
+                        status_token: str | None, status_linger: float | None, strategy: str, seed: int = 0) -> None:
     """The options' rules in the CLI's words, before any heavy import (a typo costs nothing)."""
     if num_envs < 1:
         fail(f"--num-envs must be >= 1, got {num_envs}")
     if num_steps < 1:
         fail(f"--num-steps must be >= 1, got {num_steps}")
+    for name, value in (("--num-envs", num_envs), ("--num-steps", num_steps)):
+        if value > MAX_COUNT:  # a few digits too many: one line here, not an OverflowError inside a trial
+            fail(f"{name} must be <= {MAX_COUNT:,}, got {value:,}")
+    if seed < 0:  # gymnasium refuses negative seeds, in a worker, as a run-time failure
+        fail(f"--seed must be >= 0 (env i is seeded seed + i), got {seed}")
     if budget_trials is not None and budget_trials < 1:
         fail(f"--budget-trials must be >= 1, got {budget_trials} (leave it out for the strategy's own stop)")
     if budget_seconds is not None and not (budget_seconds > 0 and math.isfinite(budget_seconds)):
-        fail(f"--budget-seconds must be > 0, got {budget_seconds:g}")
+        fail(f"--budget-seconds must be > 0 and finite, got {budget_seconds:g} (leave it out for "
+             f"the default {DEFAULT_BUDGET_SECONDS:g} s, or bound the run with --budget-trials N)")
     if not (max_trial_seconds > 0 and math.isfinite(max_trial_seconds)):
-        fail(f"--max-trial-seconds must be > 0, got {max_trial_seconds:g}")
+        fail(f"--max-trial-seconds must be > 0 and finite, got {max_trial_seconds:g}")
     if status_port is not None and not 0 <= status_port <= 65535:
         fail(f"--status-port must be in 0..65535 (0: any free port), got {status_port}")
     if status_linger is not None and not status_linger >= 0:
@@ -250,6 +257,48 @@ def _check_tune_options(*, num_envs: int, num_steps: int, budget_trials: int | N
                  f"AUTURI_STATUS_TOKEN) so only you can read it, or leave --status-host at 127.0.0.1")
 
 
+def _check_out(out: Path, out_path: Path) -> None:
+    """Whether ``--out`` can be written, before tuning rather than after it: a directory given
+    as the file, a missing directory, or one that cannot take a new file. The last is tried
+    (a file made and removed), since ``os.access`` says yes to root, also where the file system
+    refuses (``/proc``) or is read-only for everyone."""
+    import tempfile
+
+    if out_path.is_dir():
+        fail(f"--out {out} is a directory; pass a file path, e.g. --out {out_path / 'result.json'}")
+    parent = out_path.parent
+    if not parent.exists():
+        fail(f"--out {out}: directory {parent} does not exist")
+    if not parent.is_dir():
+        fail(f"--out {out}: {parent} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".auturi-out-probe-")
+    except OSError as e:
+        fail(f"--out {out}: directory {parent} cannot take a new file ({e.strerror or e}); pick a path you can "
+             f"write")
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _connect_ray(address: str | None) -> None:
+    """``--backend ray`` with a cluster address (``--address`` or ``$RAY_ADDRESS``): connect
+    now, so an address nobody listens on is one line in the CLI's words (no pointer to
+    ``--debug``) before the env and the policy are built. The executor then finds this
+    connection. A local instance (no address) is left to the executor, which starts and ends it."""
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        return
+    from auturi.errors import AuturiError
+    from auturi.executor.ray.cluster import connect
+
+    try:
+        connect(address)
+    except AuturiError as e:
+        # Exit 1, as before this check moved here (tests/test_cli.py pins it): the cluster is
+        # the machine's state at run time, not a typo in the command.
+        fail(one_line(str(e)).replace("pass address=None (and unset RAY_ADDRESS)",
+                                      "leave out --address (and unset RAY_ADDRESS)"), EXIT_FAILED)
+
+
 def _tune_guarded(**kw: Any) -> None:
     with sigterm_as_interrupt(), cache_warnings_as_lines():
         _tune(**kw)
@@ -260,23 +309,23 @@ def _tune(*, env: str, raw_frames: bool, policy: str, num_envs: int, num_steps: 
           seed: int, out: Path | None, status_port: int | None, status_host: str, status_token: str | None,
           status_linger: float | None, json_out: bool, backend: str, max_trial_seconds: float, cache: bool,
           executor_kwargs: dict[str, Any]) -> None:
-    _check_tune_options(num_envs=num_envs, num_steps=num_steps, budget_trials=budget_trials,
+    _check_tune_options(num_envs=num_envs, num_steps=num_steps, seed=seed, budget_trials=budget_trials,
                         budget_seconds=budget_seconds, max_trial_seconds=max_trial_seconds, status_port=status_port,
                         status_host=status_host, status_token=status_token, status_linger=status_linger,
                         strategy=strategy)
     if budget_trials is None and budget_seconds is None:
         budget_seconds = DEFAULT_BUDGET_SECONDS
     start_config = parse_start(start, num_envs) if start is not None else None
+    if backend == "ray":
+        _connect_ray(executor_kwargs.get("address"))
     env_obj = resolve_env_spec(env, raw_frames)
     dev_list = parse_devices(devices)
     if start_config is not None and start_config.policy_device != "cpu":
         dev = start_config.policy_device
         parse_devices(dev, f"--start policy_device={dev}")  # the same check for a missing GPU
     out_path = out.expanduser() if out is not None else None
-    if out_path is not None and out_path.parent and not out_path.parent.exists():
-        fail(f"--out {out}: directory {out_path.parent} does not exist")
-    if out_path is not None and not os.access(out_path.parent, os.W_OK):
-        fail(f"--out {out}: directory {out_path.parent} is not writable; pick a path you can write")
+    if out_path is not None:
+        _check_out(out, out_path)
     pol, pol_desc = build_policy(policy, *probe_spaces(env_obj))
 
     from auturi.errors import ConfigError
@@ -315,13 +364,15 @@ def _tune(*, env: str, raw_frames: bool, policy: str, num_envs: int, num_steps: 
         if tuner.cache is not None:
             tuner.cache = held["cache"] = StoreAfterOut(tuner.cache)
         if page is not None:
-            url = page.start(tuner)
-            err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
+            page.attach(tuner)
         tuner.startup_seconds = _process_seconds()
         if progress is not None:
             progress.start()
 
     try:
+        if page is not None:  # bound before any worker starts: a port in use fails at once
+            url = page.bind()
+            err.print(f"Status: {url}" + ("  (token required)" if status_token else ""), markup=False)
         try:
             result = tune_api(env_obj, policy=pol, num_envs=num_envs, num_steps=num_steps,
                               budget_seconds=budget_seconds, budget_trials=budget_trials, strategy=strategy,
@@ -378,9 +429,10 @@ def _report(result: Any, out_path: Path | None, json_out: bool, cache: bool, pag
     else:
         print_result(out_console, result, saved, cached_from)
         if places:
-            from auturi.executor.ray_cluster import place_lines
+            from auturi.executor.ray.cluster import place_lines
 
-            out_console.print(f"Where its actors ran ({len({p['node'] for p in places})} nodes):", markup=False)
+            nodes = len({p["node"] for p in places})
+            out_console.print(f"Where its actors ran ({nodes} node{'' if nodes == 1 else 's'}):", markup=False)
             for line in place_lines(places):
                 say(out_console, line, "  ", "    ")
         if saved is None and out_error is None and cache and cached is not None:
@@ -406,6 +458,11 @@ def _show(path: Path, json_out: bool) -> None:
     from auturi.tuner.api import TuneReport as TuneResult  # reads a record's "explain" too
 
     p = path.expanduser()
+    if p.is_dir():
+        fail(f"{path} is a directory; pass a results file in it (auturi tune ENV --out FILE, or a cache file "
+             f"*.json)")
+    if p.exists() and not p.is_file():
+        fail(f"{path} is not a regular file; pass a results record written by auturi tune --out")
     if not p.is_file():
         fail(f"{path}: no such file; write one with auturi tune ENV --out {path}")
     try:
@@ -454,7 +511,15 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="auturi", standalone_mode=False)
+    except KeyboardInterrupt:
+        from auturi.cli import interrupted_while_starting
+
+        interrupted_while_starting()
     except Exception as e:
+        if type(e).__name__ == "Abort" and isinstance(e.__context__, KeyboardInterrupt):
+            from auturi.cli import interrupted_while_starting  # click's wrapping of a Ctrl-C while parsing
+
+            interrupted_while_starting()
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
             raise
         ctx = getattr(e, "ctx", None)

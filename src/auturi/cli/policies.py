@@ -130,6 +130,14 @@ def build_policy(kind: str, obs_space: Any, action_space: Any) -> tuple[Any, str
     kind = kind.strip()
     if kind.lower().endswith(".zip") or os.sep in kind:
         return sb3_policy(Path(kind).expanduser(), obs_space, action_space), f"sb3:{Path(kind).name}"
+    import gymnasium as gym
+
+    if isinstance(obs_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        # Neither the built-in policies nor a saved SB3 model (whose adapter takes Box,
+        # Discrete, MultiDiscrete and MultiBinary) take these: say what does work.
+        fail(f"ENV gives {type(obs_space).__name__} observations, which --policy mlp, cnn and saved SB3 models do "
+             f"not take: pass ENV as module:factory returning the env wrapped in "
+             f"gymnasium.wrappers.FlattenObservation")
     try:
         return builtin_policy(kind, obs_space, action_space, option="--policy ", other="--policy PATH.zip with a "
                               "saved SB3 model")
@@ -142,6 +150,8 @@ def build_policy(kind: str, obs_space: Any, action_space: Any) -> tuple[Any, str
 
 def sb3_policy(path: Path, obs_space: Any, action_space: Any) -> Any:
     """The policy network of a saved SB3 on-policy model, as an auturi policy."""
+    if path.is_dir():
+        fail(f"--policy {path} is a directory; pass the .zip file model.save() wrote in it, or mlp or cnn")
     if not path.is_file():
         fail(f"--policy {path}: no such file; pass mlp, cnn, or the path of a model saved with model.save()")
     if importlib.util.find_spec("stable_baselines3") is None:

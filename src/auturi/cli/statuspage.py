@@ -28,17 +28,30 @@ class StatusPage:
         self.server: Any = None
         self.tuner: Any = None
 
-    def start(self, tuner: Any) -> str:
+    def bind(self) -> str:
+        """Start serving (phase ``idle`` until :meth:`attach`) and return the URL. ``auturi tune``
+        calls it before any worker starts, so a port in use costs nothing."""
         from auturi.server import StatusServer
 
-        self.tuner = tuner
-        self.snapshot.attach(tuner)
+        if self.server is not None:
+            return self.server.url
         server = StatusServer(self.snapshot, host=self.host, port=self.port, token=self.token, hardware=None)
         try:
             url = server.start()
         except Exception as e:  # noqa: BLE001 - ServerError: port in use, ...
             fail(one_line(str(e)))
         self.server = server
+        return url
+
+    def attach(self, tuner: Any) -> None:
+        """Serve ``tuner``'s state from now on (its events feed the snapshot)."""
+        self.tuner = tuner
+        self.snapshot.attach(tuner)
+
+    def start(self, tuner: Any) -> str:
+        """:meth:`bind` (if not yet) and :meth:`attach`; returns the URL."""
+        url = self.bind()
+        self.attach(tuner)
         return url
 
     def final(self) -> None:

@@ -6,6 +6,7 @@ The runner class is defined on first use (:func:`runner_class`), so importing th
 does not import ray."""
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Mapping
@@ -215,7 +216,11 @@ def runner_class() -> type:
 
         def get_metrics(self) -> Any:
             h = self.auturi
-            if h is not None and h.last_stats is not None:
+            if h is not None and h.closed:
+                # Unwrapped: RLlib's own loop samples now, and the logger would keep reporting the
+                # closed executor's last layout ("item" values stay until replaced).
+                self.metrics.delete("auturi", key_error=False)
+            elif h is not None and h.last_stats is not None:
                 for k, v in h.info().items():
                     self.metrics.log_value(("auturi", k), v, reduce="item")
             return super().get_metrics()
@@ -283,17 +288,22 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
     from auturi.executor import make_executor
 
     cfg, module = runner.config, runner.module
+    act_space = runner.env.single_action_space
+    # Before the module: RLlib's runner swallows its module's build error (module None), and an
+    # action space neither can serve is the usual cause.
+    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        raise UnsupportedConfigError(f"auturi.wrap supports Discrete and Box action spaces, not {act_space}; give "
+                                     f"the agent one with a gymnasium.ActionWrapper in your env creator (e.g. "
+                                     f"Discrete(2**n) mapped onto MultiBinary(n))")
     if module is None:
-        raise UnsupportedConfigError("the algorithm defines no RLModule for its EnvRunner; auturi.wrap needs one")
+        raise UnsupportedConfigError(f"the EnvRunner has no RLModule ({_module_build_error(runner)}); auturi.wrap "
+                                     f"samples with the module, so it needs one that builds for this env")
     if not hasattr(module, "state_dict"):
         raise UnsupportedConfigError(f"auturi.wrap needs a torch RLModule, got {type(module).__name__}")
     if module.is_stateful():
         raise UnsupportedConfigError("stateful (recurrent) RLModules are not supported by auturi.wrap yet: each "
                                      "replica would have to carry every env's hidden state. Train without "
                                      "use_lstm / use_attention, or without auturi")
-    act_space = runner.env.single_action_space
-    if not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise UnsupportedConfigError(f"auturi.wrap supports Discrete and Box action spaces, not {act_space}")
     kind = exploration_kind(module)
     spec = cfg.get_rl_module_spec(env=runner.env.unwrapped, spaces=runner.get_spaces(), inference_only=True)
     try:
@@ -327,9 +337,31 @@ def build_handle(runner: Any, opts: Mapping[str, Any]) -> RLlibHandle:
         [factory] * n, adapter, n, config=opts.get("config"), start=start, tune=opts["tune"],
         strategy=opts["strategy"], budget=opts.get("budget"), backend=backend, seed=seed,
         worker_timeout=opts.get("worker_timeout"), status_port=opts.get("status_port"),
-        workload={"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?", "env": factory.name},
+        workload=cache_workload(cfg, factory),
         executor_kwargs=ray_kwargs(backend, opts.get("address"), opts.get("actor_resources")))
     return RLlibHandle(collector, adapter, seed, opts.get("total_timesteps"))
+
+
+def cache_workload(cfg: Any, factory: Any) -> dict[str, Any]:
+    """What names this run's workload in the tuner's results cache, beside the spaces, env count
+    and policy the tuner adds: the algorithm, and the env with its ``env_config`` (which can
+    change what a step costs: ``max_episode_steps``, a simulator's frame skip), so runs of one
+    env under different settings do not start from each other's choice."""
+    env = factory.name
+    if factory.env_config:
+        env += " " + json.dumps(factory.env_config, sort_keys=True, default=repr)
+    return {"rllib": cfg.algo_class.__name__ if cfg.algo_class else "?", "env": env}
+
+
+def _module_build_error(runner: Any) -> str:
+    """Why RLlib's runner has no module: building its spec again, the error it swallowed."""
+    try:
+        spec = runner.config.get_rl_module_spec(env=runner.env.unwrapped, spaces=runner.get_spaces(),
+                                                inference_only=True)
+        spec.build()
+    except Exception as e:  # noqa: BLE001 - reported, not raised: the caller raises with it
+        return f"building it raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return "the algorithm defines none for its EnvRunner"
 
 
 def resolve_backend(backend: str | None, address: str | None) -> str:

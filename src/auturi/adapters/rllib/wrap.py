@@ -136,16 +136,31 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
         UnsupportedConfigError: another algorithm, the old API stack, multi-agent, custom
             connectors or EnvRunner, ``complete_episodes``, ``explore=False``.
     """
-    check_supported(algo_config)
+    # The arguments first: a typo fails here, not ten seconds into build_algo().
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be an auturi.Config, got {type(config).__name__}")
     check_face_options("ray" if backend is None and address is not None else (backend or "shm"), worker_timeout,
                        address)
-    if seed is not None and int(seed) < 0:
-        raise ValueError(f"seed must be >= 0 (env i is seeded seed + i), got {seed}")
-    if total_timesteps is not None and (isinstance(total_timesteps, bool) or int(total_timesteps) <= 0):
-        raise ValueError(f"total_timesteps must be a positive number of env steps (or None: unknown), "
-                         f"got {total_timesteps!r}")
+    _check_options(strategy=strategy, seed=seed, total_timesteps=total_timesteps, status_port=status_port)
+    prior = getattr(algo_config, "__dict__", {}).get(OPTIONS_ATTR)
+    if prior is not None and not getattr(algo_config, "_is_frozen", False):
+        # Wrapped before (a notebook cell run twice, a helper that wraps): this wrap replaces
+        # that one's options, over the EnvRunner settings the config had before either.
+        runner_settings = (algo_config.env_runner_cls, algo_config.num_env_runners,
+                           algo_config.num_envs_per_env_runner)
+        unwrap_rllib(algo_config)
+        try:
+            return wrap_rllib(algo_config, config=config, tune=tune, strategy=strategy, budget=budget,
+                              budget_trials=budget_trials, budget_seconds=budget_seconds,
+                              tuner_options=tuner_options, backend=backend, address=address, seed=seed,
+                              worker_timeout=worker_timeout, status_port=status_port,
+                              total_timesteps=total_timesteps)
+        except BaseException:  # the earlier wrap stands, as if this call had not been made
+            setattr(algo_config, OPTIONS_ATTR, prior)
+            algo_config.env_runner_cls = runner_settings[0]
+            algo_config.env_runners(num_env_runners=runner_settings[1], num_envs_per_env_runner=runner_settings[2])
+            raise
+    check_supported(algo_config)
     if address is not None:
         # Now, not at build_algo(): RLlib's EnvRunnerGroup calls ray.put before it builds our
         # runner, and that auto-starts Ray with no address (a new local instance, or whichever
@@ -174,6 +189,30 @@ def wrap_rllib(algo_config: Any, *, config: Config | None = None, tune: bool = T
     })
     algo_config.env_runners(env_runner_cls=runner_class(), num_env_runners=0, num_envs_per_env_runner=total)
     return algo_config
+
+
+def _check_options(*, strategy: Any, seed: Any, total_timesteps: Any, status_port: Any) -> None:
+    """The options that would otherwise fail only inside ``build_algo()`` (after Ray and the
+    EnvRunner have started), or be silently truncated (``seed=1.5``), refused here with the fix."""
+    import numbers
+
+    from auturi.tuner.strategies import STRATEGIES, Strategy
+
+    if not isinstance(strategy, Strategy) and strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)} (or a Strategy instance), got {strategy!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise ValueError(f"seed must be a whole number >= 0 (env i is seeded seed + i; None: the config's "
+                         f"debugging(seed=...)), got {seed!r}")
+    if total_timesteps is not None:
+        ok = (not isinstance(total_timesteps, bool) and isinstance(total_timesteps, numbers.Real)
+              and total_timesteps > 0 and float(total_timesteps).is_integer())
+        if not ok:
+            raise ValueError(f"total_timesteps must be a positive whole number of env steps, e.g. 1_000_000 or "
+                             f"1e6 (None: unknown), got {total_timesteps!r}")
+    if status_port is not None and (isinstance(status_port, bool) or not isinstance(status_port, numbers.Integral)
+                                    or not 0 <= status_port <= 65535):
+        raise ValueError(f"status_port must be a port number in 0..65535 (0: any free port; None: no status "
+                         f"server), got {status_port!r}")
 
 
 def runner_resources(cfg: Any) -> dict[str, float]:
