@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from auturi.config import Config, total_envs_error
+from auturi.config import DEVICE_PATTERN, Config, total_envs_error
 from auturi.envs import EnvLike, resolve_env_fns
 from auturi.errors import AuturiError
 from auturi.executor.buffers import ArrayBlock
@@ -129,6 +129,7 @@ class Executor(abc.ABC):
         self.check_finite = bool(check_finite)
         self.env_fns = resolve_env_fns(env, given_num_envs(num_envs, config))
         self.num_envs = len(self.env_fns)
+        _check_policy(policy)
         self.policy = policy
         self.seed = int(seed)
         self.env_id_offset = int(env_id_offset)
@@ -399,3 +400,17 @@ def _round_trips(env: Any) -> bool:
     except Exception:
         pass
     return True
+
+
+def _check_policy(policy: Any) -> None:
+    """Refuse what cannot act before anything uses it: an object without ``act`` (``None``, a
+    bare torch module), and a policy whose ``device`` names a CPU or CUDA device this machine
+    lacks (torch would say only "Torch not compiled with CUDA enabled" from inside the probe)."""
+    if not callable(getattr(policy, "act", None)):
+        raise TypeError(f"policy must be an auturi Policy (an object with act(obs, noise)), got "
+                        f"{type(policy).__name__}: wrap a torch module as auturi.TorchPolicy(model_fn, action_space), "
+                        f"or use auturi.RandomPolicy(action_space)")
+    device = getattr(policy, "device", None)
+    if isinstance(device, str) and DEVICE_PATTERN.match(device):
+        check_device(device, use_cpu=f"{type(policy).__name__}(..., device='cpu')")
+
