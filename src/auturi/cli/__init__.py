@@ -49,12 +49,8 @@ def main(argv: list[str] | None = None) -> None:
               f"\"auturi[cli]\" (or pip install typer rich)", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C while the command line loads: nothing ran, nothing to stop
+        from auturi.cli.starting import interrupted_while_starting
+
         interrupted_while_starting()
     app_main(argv)
 
-
-def interrupted_while_starting() -> None:
-    """Ctrl-C before any command ran (loading, parsing the options): one line, exit 130, as
-    for an interrupted ``tune``, instead of a traceback through the imports."""
-    print("auturi: interrupted (Ctrl-C) while starting, before any command ran; nothing to stop", file=sys.stderr)
-    sys.exit(130)

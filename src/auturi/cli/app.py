@@ -512,12 +512,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = command.main(args=argv, prog_name="auturi", standalone_mode=False)
     except KeyboardInterrupt:
-        from auturi.cli import interrupted_while_starting
+        from auturi.cli.starting import interrupted_while_starting
 
         interrupted_while_starting()
     except Exception as e:
         if type(e).__name__ == "Abort" and isinstance(e.__context__, KeyboardInterrupt):
-            from auturi.cli import interrupted_while_starting  # click's wrapping of a Ctrl-C while parsing
+            from auturi.cli.starting import interrupted_while_starting  # click's wrapping of a Ctrl-C while parsing
 
             interrupted_while_starting()
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
