@@ -5,6 +5,7 @@ collect to SB3's logger, draws SB3's progress bar where each replay left it
 (:meth:`SB3Handle.hold_progress`), and on ``close()`` gives the model back to SB3."""
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -20,6 +21,89 @@ PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")
 ``unwrap_sb3`` does); never saved with the model."""
 
 
+def env_call_message(call: str) -> str:
+    """Why a call that changes the model's envs is refused while the model is wrapped, and the fix."""
+    return (f"{call} on the model's VecEnv cannot reach the envs that train: while auturi.wrap collects they are "
+            f"Auturi's copies in its workers, and the model's VecEnv is not stepped, so the call would change "
+            f"nothing the learner gets (or read envs that never stepped). Set it when the env is made "
+            f"(make_vec_env(..., env_kwargs=...), or auturi.wrap(model, env_fn=...)); to change the envs between "
+            f"learn() calls (a curriculum), call model.auturi.close(), change them, then auturi.wrap(model) again "
+            f"(the envs are rebuilt from the model's VecEnv and start new episodes); or train without auturi.wrap")
+
+
+def closed_message(closed_by: str | None) -> str:
+    """What ``learn`` says when the executor is closed; ``closed_by``: the exception a collect
+    raised when it closed the executor, if one did."""
+    fix = ("call model.auturi.close() to make the model plain SB3 again (its weights, buffers and num_timesteps "
+           "are kept), then auturi.wrap(model) to collect through Auturi again")
+    if closed_by == "KeyboardInterrupt":
+        return (f"this model's Auturi executor was closed when a learn() was interrupted (KeyboardInterrupt, Ctrl-C) "
+                f"during a collect: its envs stopped mid-step, so its workers ended; {fix} (the envs then start new "
+                f"episodes; learn(..., reset_num_timesteps=False) keeps counting)")
+    if closed_by is not None:
+        return f"this model's Auturi executor was closed when a collect raised {closed_by} (above); {fix}"
+    return f"this model's Auturi executor is closed (a worker failed, or it was closed); {fix}"
+
+
+def _close_dropped(executor: Any, server: Any) -> None:
+    """What :meth:`SB3Handle.close` ends, for a model collected without it (see :meth:`SB3Handle.attach`)."""
+    try:
+        if server is not None:
+            server.stop()
+    finally:
+        executor.close()
+
+
+_GUARDED_CALLS = ("env_method", "set_attr", "get_attr")
+
+
+def _own_call(venv: Any, name: str) -> Any:
+    """``venv``'s own (class) method ``name``, bound: what a copy of a guarded VecEnv gets."""
+    return getattr(type(venv), name).__get__(venv)
+
+
+class _EnvCallGuard:
+    """One of :meth:`SB3Handle.guard_env_calls`'s stand-ins for a VecEnv's ``env_method``,
+    ``set_attr`` or ``get_attr``. A module-level class, not a closure: the VecEnv still
+    pickles (a closure in its ``__dict__`` made ``pickle.dumps(model.env)`` fail); a copy
+    (pickle, deepcopy) gets the VecEnv's own method, since no executor runs its envs.
+
+    It holds its handle weakly and stands aside once the handle is gone or its executor
+    closed: a model dropped without ``close()`` (a sweep that reuses one VecEnv) left the
+    guard on the VecEnv, and the next model's wrap, which reads a ``SubprocVecEnv``'s envs
+    through ``set_attr``, was refused."""
+
+    def __init__(self, venv: Any, name: str, handle: Any):
+        self.venv, self.name = venv, name
+        self.handle = weakref.ref(handle)
+
+    def _active(self) -> bool:
+        h = self.handle()
+        if h is not None and h._guarded is not None and not getattr(h.executor, "_closed", False):
+            return True
+        if vars(self.venv).get(self.name) is self:
+            del vars(self.venv)[self.name]  # the VecEnv's own method again
+        return False
+
+    def __call__(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        venv = self.venv
+        if not self._active():
+            return getattr(type(venv), self.name)(venv, name, *args, **kwargs)
+        if self.name == "env_method":
+            if name == "render":
+                return type(venv).env_method(venv, name, *args, **kwargs)
+            raise AuturiError(env_call_message(f"env_method({name!r})"))
+        if self.name == "set_attr":
+            raise AuturiError(env_call_message(f"set_attr({name!r})"))
+        warnings.warn(f"get_attr({name!r}) reads the model's own VecEnv, which auturi.wrap does not step: the envs "
+                      f"that train are Auturi's copies in its workers, so its values are not theirs (log "
+                      f"per-episode values through Monitor(info_keywords=...) instead)", UserWarning, stacklevel=2)
+        return type(venv).get_attr(venv, name, *args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return (_own_call, (self.venv, self.name))
+
+
 class SB3Handle(FaceHandle):
     """What :func:`~auturi.adapters.sb3.wrap_sb3` attaches to the model as ``model.auturi``:
     the executor, the optional online tuner and the last rollout's stats. ``close()`` ends
@@ -30,6 +114,7 @@ class SB3Handle(FaceHandle):
         super().__init__(collector, seed)
         # The model this is model.auturi of (a weak reference: the model holds this handle).
         self._model: weakref.ref | None = None
+        self._finalizer: weakref.finalize | None = None  # ends the executor when the model is collected (attach)
         if model is not None:
             self.attach(model)
         self._bars: tuple[Any, list[Any]] = (None, [])  # (callback, the progress bars in it); see show_progress
@@ -43,10 +128,31 @@ class SB3Handle(FaceHandle):
         self._tuner_log: tuple[tuple, dict[str, Any]] = ((), {})  # (tuner key, its records)
         self._config_log: tuple[Any, str] = (None, "")  # (config, its text)
         self.exploration: Any = None  # the off-policy replay's cached exploration state (off_policy._Exploration)
+        self.closed_by: str | None = None  # what ended the executor inside a collect (see collect)
+        self._guarded: tuple[Any, dict[str, Any]] | None = None  # (VecEnv, its own calls) (see guard_env_calls)
+        self.nan_checks: list[tuple[Any, bool]] = []  # VecCheckNan wrappers the replay runs (recover.nan_checks)
+
+    def __reduce__(self) -> tuple:
+        # Pickling a wrapped model reached the executor's semaphores ("Semaphore objects should
+        # only be shared between processes through inheritance"): say what to do instead.
+        raise TypeError("a model wrapped by auturi.wrap cannot be pickled: model.auturi holds worker processes and "
+                        "shared memory. model.save(path) leaves them out (PPO.load gives a plain SB3 model); or call "
+                        "model.auturi.close() first")
 
     def attach(self, model: Any) -> None:
-        """Name the model this handle is ``model.auturi`` of, for :meth:`close`."""
+        """Name the model this handle is ``model.auturi`` of, for :meth:`close`, and close
+        when the model is collected without ``close()`` (a sweep that drops each trial's model).
+
+        The model sits in a reference cycle (its ``collect_rollouts`` is a method bound to it),
+        so the handle, the executor and its shared-memory blocks were cyclic garbage together,
+        finalised in no set order: the executor's ``__del__`` wrote its closing flag into a
+        control block already unmapped and the process died (a segfault in ``gc.collect()``,
+        2026-11-26). The finalizer holds the executor (and the status server), so they are not
+        garbage: they are closed whole, before anything of theirs is freed. It does not hold
+        this handle, which holds the last learn's callbacks, and they the model."""
         self._model = weakref.ref(model)
+        if self._finalizer is None:
+            self._finalizer = weakref.finalize(model, _close_dropped, self.executor, self.server)
 
     def close(self) -> None:
         """End the workers (and the status server) and give the model back SB3's own
@@ -55,7 +161,11 @@ class SB3Handle(FaceHandle):
         ``model.auturi`` is gone after it (keep a reference to read the tuner's result).
         Idempotent."""
         ref, self._model = self._model, None
+        finalizer, self._finalizer = self._finalizer, None
+        if finalizer is not None:
+            finalizer.detach()  # closed now: the model's collection has nothing left to close
         try:
+            self._unguard_env_calls()
             super().close()
         finally:
             model = ref() if ref is not None else None
@@ -82,9 +192,7 @@ class SB3Handle(FaceHandle):
         if self._model is None:  # a handle made without model= (see attach)
             self.attach(model)
         if getattr(self.executor, "_closed", False):  # the executor's own message says "make a new one"
-            raise AuturiError("this model's Auturi executor is closed (a worker failed, or it was closed): call "
-                              "model.auturi.close() to make the model plain SB3 again, then auturi.wrap(model) to "
-                              "collect through Auturi again")
+            raise AuturiError(closed_message(self.closed_by))
         follow = getattr(self.adapter, "follow", None)
         if follow is not None:
             follow(model.policy)
@@ -103,9 +211,52 @@ class SB3Handle(FaceHandle):
             self._published = token
         left = int(getattr(model, "_total_timesteps", 0) or 0) - int(model.num_timesteps)
         # What is left of learn(): the online tuner moves only where the move pays back within it.
-        rollout = self.collect_rollout(num_steps, remaining_collects(left, num_steps * self.executor.num_envs), measure)
+        try:
+            rollout = self.collect_rollout(num_steps, remaining_collects(left, num_steps * self.executor.num_envs),
+                                           measure)
+        except BaseException as exc:
+            # A collect that raises ends the executor (its envs stopped mid-step); the next
+            # learn() says why, a Ctrl-C included, rather than "a worker failed, or it was closed".
+            if getattr(self.executor, "_closed", False) and self.closed_by is None:
+                self.closed_by = type(exc).__name__
+            if any(w.raise_exception for w, _ in self.nan_checks) and "check_finite is on" in str(exc):
+                # The executor's check stands in for VecCheckNan's (see wrap_sb3): raised as
+                # VecCheckNan raises (a ValueError a script may catch), naming the user's wrapper
+                # rather than the executor's make_executor(check_finite=) it does not call.
+                raise ValueError(f"VecCheckNan(raise_exception=True) around the model's env: {exc}\n(auturi.wrap "
+                                 f"checks each env step for it, in the collect; without VecCheckNan, or with "
+                                 f"raise_exception=False, the values are stored as they are)") from exc
+            raise
         self._log(model, rollout)
         return rollout
+
+    def guard_env_calls(self, venv: Any) -> None:
+        """Stand between the user and ``venv``'s (the model's VecEnv, its VecEnv wrappers
+        removed) ``env_method``, ``set_attr`` and ``get_attr`` while the model is wrapped.
+
+        The envs that train are Auturi's copies in its workers; ``venv`` is never stepped. A
+        curriculum callback's ``self.training_env.env_method("set_level", k)`` (or
+        ``set_attr``) changed only ``venv``'s envs: the learner went on training at the old
+        level with no sign of it (2026-11-26). Such a call now raises, naming the fix;
+        ``get_attr`` still answers, with a warning that its values are not the training envs';
+        ``env_method("render")`` (SB3's ``VecEnv.render``) passes, drawing an env nothing
+        trains on changes nothing. :meth:`close` puts the VecEnv's own calls back."""
+        own = {name: vars(venv).get(name) for name in _GUARDED_CALLS}
+        own = {k: None if isinstance(v, _EnvCallGuard) else v for k, v in own.items()}  # another model's, stale
+        for name in _GUARDED_CALLS:
+            setattr(venv, name, _EnvCallGuard(venv, name, self))
+        self._guarded = (venv, own)
+
+    def _unguard_env_calls(self) -> None:
+        guarded, self._guarded = self._guarded, None
+        if guarded is None:
+            return
+        venv, own = guarded
+        for name, value in own.items():
+            if value is None:
+                vars(venv).pop(name, None)
+            else:
+                setattr(venv, name, value)
 
     def _publish_token(self, model: Any, extra_state: dict[str, np.ndarray] | None, extra_key: Any = None
                        ) -> tuple | None:

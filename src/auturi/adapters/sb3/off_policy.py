@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.sb3.handle import SB3Handle
-from auturi.adapters.sb3.on_policy import ENV_CHANGED, restart_cut_episodes
+from auturi.adapters.sb3.on_policy import ENV_CHANGED, check_reset, check_step, restart_cut_episodes
 from auturi.adapters.sb3.policy import STATE_PREFIX, ReplicaNet
 from auturi.errors import AuturiError
 
@@ -258,7 +258,8 @@ def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay
         # A warm-up collect runs no policy: the tuner does not time it as the training's.
         rollout = h.collect(self, rows, state, extra_key=explore.key, measure=warm_rows == 0)
         held = h.hold_progress(callback, rollout.stats.seconds)  # SB3's progress bar: drawn after the replay
-        if not _replay(self, h, rollout, callback, replay_buffer, action_noise, log_interval, progress):
+        if not _replay(self, h, rollout, callback, replay_buffer, action_noise, log_interval, progress,
+                       (env, train_freq, learning_starts)):
             return RolloutReturn(progress["steps"] * n, progress["episodes"], continue_training=False)
         h.show_progress(held)
     callback.on_rollout_end()
@@ -266,9 +267,13 @@ def collect_rollouts(self: Any, env: Any, callback: Any, train_freq: Any, replay
 
 
 def _replay(self: Any, h: SB3Handle, rollout: Any, callback: Any, replay_buffer: Any, action_noise: Any,
-            log_interval: int | None, progress: dict[str, int]) -> bool:
+            log_interval: int | None, progress: dict[str, int], loop_args: tuple = (None, None, 0)) -> bool:
     """Replay one rollout into the replay buffer step by step, with SB3's local names for the
-    callback; ``False`` when the callback stops training."""
+    callback (``loop_args``: ``collect_rollouts``'s ``env``, ``train_freq``,
+    ``learning_starts``, which SB3's callbacks see among its locals); ``False`` when the
+    callback stops training."""
+    env, train_freq, learning_starts = loop_args
+    continue_training = True
     vn = h.vecnorm
     n = rollout.num_envs
     is_box = isinstance(self.action_space, gym.spaces.Box)
@@ -276,14 +281,23 @@ def _replay(self: Any, h: SB3Handle, rollout: Any, callback: Any, replay_buffer:
     restart_cut_episodes(self, h, rollout.episode_starts[0], first_obs)
     self._last_original_obs = first_obs
     self._last_obs = h.adapter.normalize_obs(first_obs) if vn is not None else first_obs
+    checks = h.nan_checks
+    if checks and h.collects == 1:  # the first observations are the envs' reset ones
+        check_reset(checks, first_obs, self._last_obs)
     all_actions = rollout.actions
     all_buffer_actions = rollout.extras["buffer_actions"] if is_box else all_actions
     for t in range(rollout.num_steps):
         actions = all_actions[t]
         buffer_actions = all_buffer_actions[t]
         new_obs, rewards, dones, infos, ended = _step_result(rollout, t, vn)
+        if checks:
+            raw = (rollout.last_observations if t == rollout.num_steps - 1 else rollout.observations[t + 1],
+                   rollout.rewards[t].astype(np.float32))
+            check_step(checks, actions, dones, raw, (new_obs, rewards) if vn is not None else None)
         self.num_timesteps += n
         progress["steps"] += 1
+        # SB3's loop counters, under its names (a callback may read them from self.locals).
+        num_collected_steps, num_collected_episodes = progress["steps"], progress["episodes"]
         callback.update_locals(locals())
         if not callback.on_step():
             return False

@@ -52,6 +52,9 @@ def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_
     cpu = self.device.type == "cpu"
 
     restart_cut_episodes(self, h, rollout.episode_starts[0], rollout.observations[0])
+    checks = h.nan_checks
+    if checks and h.collects == 1:  # the first observations are the envs' reset ones
+        check_reset(checks, rollout.observations[0], obs_seen[0])
     held = h.hold_progress(callback, rollout.stats.seconds)
     self._last_obs = obs_seen[0]
     self._last_episode_starts = rollout.episode_starts[0]
@@ -79,6 +82,9 @@ def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_
         # (and as the next rollout's first row will be).
         new_obs = (vn.normalize_obs(raw_new_obs) if (vn is not None and last_row) else
                    rollout.last_observations if last_row else obs_seen[t + 1])
+        if checks:
+            check_step(checks, clipped_actions, dones, (raw_new_obs, rewards_all[t]),
+                       (new_obs, rewards) if vn is not None else None)
         infos: list[dict[str, Any]] = []
         for i in range(N):
             if dones[i]:
@@ -133,6 +139,32 @@ def collect_rollouts(self: Any, env: Any, callback: Any, rollout_buffer: Any, n_
     callback.on_rollout_end()
 
     return True
+
+
+def check_reset(checks: list[tuple[Any, bool]], raw_obs: np.ndarray, seen_obs: np.ndarray) -> None:
+    """``VecCheckNan.reset``'s check (see :func:`auturi.adapters.sb3.recover.nan_checks`) on
+    the first observations of the envs that train."""
+    for w, above in checks:
+        obs = seen_obs if above else raw_obs
+        w._check_val(event="reset", observations=obs)
+        w._observations = obs
+
+
+def check_step(checks: list[tuple[Any, bool]], actions: np.ndarray, dones: np.ndarray,
+               raw: tuple[np.ndarray, np.ndarray], seen: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """What each ``VecCheckNan`` checks in one ``env.step``, with its own settings
+    (``raise_exception``, ``warn_once``, ``check_inf``) and message: the actions given
+    (``step_async``), then the observations, rewards and dones returned (``step_wait``) as they
+    reach it: ``raw`` (``(observations, rewards)`` from the envs) below ``VecNormalize``,
+    ``seen`` (normalised; ``None`` without VecNormalize) above it. A replica's NaN action has
+    already reached the env in the collect; it is reported here, at its step, as SB3 reports it."""
+    for w, above in checks:
+        w._check_val(event="step_async", actions=actions)
+        w._actions = actions
+    for w, above in reversed(checks):
+        obs, rewards = seen if above and seen is not None else raw
+        w._check_val(event="step_wait", observations=obs, rewards=rewards, dones=dones)
+        w._observations = obs
 
 
 def restart_cut_episodes(model: Any, h: SB3Handle, starts: np.ndarray, raw_obs: np.ndarray) -> None:

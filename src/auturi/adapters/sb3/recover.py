@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
+from auturi.adapters.sb3.spec_recipe import spec_recipe
 
 
 def _atari_kwargs(chain: list[gym.Env]) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def _gym_chain(env: gym.Env) -> list[gym.Env]:
 def _base_recipe(base: gym.Env, where: str) -> tuple:
     spec = getattr(base, "spec", None)
     if spec is not None and getattr(spec, "id", None) in gym.registry:
-        return ("make", spec)
+        return spec_recipe(base, spec, where, _pickled)
     return _pickled(base, where, "was not made from a registered gymnasium id")
 
 
@@ -270,9 +271,10 @@ def _factories_from_workers(venv: Any) -> list[EnvFactory]:
                               f"before auturi.wrap")
     n = int(venv.num_envs)
     try:
+        # The class's own calls: a guard another wrap left on the instance (SB3Handle.guard_env_calls) stays out.
         for i in range(n):
-            venv.set_attr(PROBE_ATTR, _RecipeProbe(f"env {i} of {what}"), indices=[i])
-        replies = venv.env_method(PROBE_ATTR)
+            type(venv).set_attr(venv, PROBE_ATTR, _RecipeProbe(f"env {i} of {what}"), indices=[i])
+        replies = type(venv).env_method(venv, PROBE_ATTR)
     except (EOFError, OSError) as exc:  # a worker is gone: SB3's pipe to it broke
         raise EnvRebuildError(f"a worker process of {what} is gone ({type(exc).__name__}: {exc}), so its env "
                               f"cannot be read; {ENV_FN_HINT}") from exc
@@ -297,6 +299,7 @@ def _factories_from_workers(venv: Any) -> list[EnvFactory]:
 def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
     """Walk the VecEnv wrappers: returns (base VecEnv, per-env layers inside out, VecNormalize or None)."""
     from stable_baselines3.common.vec_env import (
+        VecCheckNan,
         VecEnvWrapper,
         VecFrameStack,
         VecMonitor,
@@ -306,7 +309,8 @@ def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
 
     chain = []
     while isinstance(venv, VecEnvWrapper):
-        chain.append(venv)
+        if not isinstance(venv, VecCheckNan):  # it changes no data: checked in the replay (see nan_checks)
+            chain.append(venv)
         venv = venv.venv
     layers: list[tuple] = []
     vecnorm = None
@@ -315,7 +319,8 @@ def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
             if pos != 0:
                 raise NotImplementedError(
                     f"VecNormalize must be the outermost VecEnv wrapper for auturi.wrap (found under "
-                    f"{type(chain[0]).__name__}); build the VecEnv as VecNormalize(VecFrameStack(...)) instead")
+                    f"{type(chain[0]).__name__}); build the VecEnv as VecNormalize({type(chain[0]).__name__}(...)) "
+                    f"instead")
             if isinstance(w.observation_space, gym.spaces.Dict):
                 raise NotImplementedError("VecNormalize with Dict observations is not supported by auturi.wrap")
             vecnorm = w
@@ -337,9 +342,32 @@ def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
         else:
             raise NotImplementedError(
                 f"the VecEnv wrapper {type(w).__name__} is not supported by auturi.wrap (supported: VecNormalize "
-                f"as the outermost wrapper, VecFrameStack, VecTransposeImage, VecMonitor). Apply its per-env "
-                f"equivalent as a gymnasium wrapper inside your env (and pass env_fn=), or train without auturi")
+                f"as the outermost wrapper, VecFrameStack, VecTransposeImage, VecMonitor, VecCheckNan). Apply its "
+                f"per-env equivalent as a gymnasium wrapper inside your env (and pass env_fn=), or train without "
+                f"auturi")
     return venv, layers, vecnorm
+
+
+def nan_checks(venv: Any) -> list[tuple[Any, bool]]:
+    """The ``VecCheckNan`` wrappers around the model's VecEnv, outermost first, each with
+    whether it sits above ``VecNormalize`` (it then checks normalised observations and rewards,
+    in which VecNormalize has clipped an inf away). They change no data, so
+    :func:`split_vec_wrappers` passes over them; the replay runs their checks on each step's
+    actions, observations, rewards and dones (:func:`auturi.adapters.sb3.on_policy.check_step`),
+    as their ``step_async`` / ``step_wait`` do. Refused before 2026-11-26, though SB3's docs
+    suggest wrapping the training env in it to find where a NaN comes from."""
+    from stable_baselines3.common.vec_env import VecCheckNan, VecEnvWrapper, VecNormalize
+
+    found: list[Any] = []
+    out: list[tuple[Any, bool]] = []
+    while isinstance(venv, VecEnvWrapper):
+        if isinstance(venv, VecNormalize):
+            out.extend((w, True) for w in found)
+            found = []
+        elif isinstance(venv, VecCheckNan):
+            found.append(venv)
+        venv = venv.venv
+    return out + [(w, False) for w in found]
 
 
 def same_space(a: gym.Space, b: gym.Space) -> bool:

@@ -16,7 +16,7 @@ from auturi.adapters.common import build_collector, check_face_options, ray_kwar
 from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
 from auturi.adapters.sb3.handle import PATCHED, SB3Handle
 from auturi.adapters.sb3.policy import DISTRIBUTIONS, SB3PolicyAdapter
-from auturi.adapters.sb3.recover import factories_from_vecenv, same_space, split_vec_wrappers
+from auturi.adapters.sb3.recover import factories_from_vecenv, nan_checks, same_space, split_vec_wrappers
 from auturi.config import Config, total_envs_error
 from auturi.errors import AuturiError
 
@@ -155,11 +155,19 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
     adapter.load_state(adapter.state_of(model, vecnorm))
 
     start = start_layout(base_venv, n, model_device(model)) if tune and config is None and backend == "shm" else None
+    checks = nan_checks(model.env)
+    executor_kwargs = ray_kwargs(backend, address, actor_resources)
+    if any(w.raise_exception for w, _ in checks):
+        # VecCheckNan(raise_exception=True) raises at the step that returned a NaN or inf; the
+        # replay's check (handle.nan_checks) comes after the collect, in which the replicas had
+        # already acted on it (a PPO replica failed on NaN logits before the replay ran). The
+        # executor's check raises at that step, naming the env and the row.
+        executor_kwargs["check_finite"] = True
     collector = build_collector(factories, adapter, n, config=config, tune=tune, strategy=strategy, budget=budget,
                                 backend=backend, seed=seed, worker_timeout=worker_timeout, start=start,
                                 workload={"sb3": type(model).__name__, "env": factories[0].name},
                                 status_port=status_port, verbose=model.verbose >= 1,
-                                executor_kwargs=ray_kwargs(backend, address, actor_resources))
+                                executor_kwargs=executor_kwargs)
     handle = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space, model=model)
     if collector.tuner is not None and not off_policy:
         try:  # a cached choice's processes start now, as a fixed config's do, not inside learn
@@ -167,6 +175,8 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         except BaseException:
             handle.close()
             raise
+    handle.guard_env_calls(base_venv)  # env_method / set_attr would miss the envs that train
+    handle.nan_checks = checks
     model.auturi = handle
     model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)
     model._excluded_save_params = types.MethodType(_excluded_save_params, model)

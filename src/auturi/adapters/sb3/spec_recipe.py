@@ -1,0 +1,168 @@
+"""The recipe of an env made from a registered gymnasium id (:func:`spec_recipe`, called by
+:func:`auturi.adapters.sb3.recover._base_recipe`): ``gym.make(spec)`` in Auturi's workers,
+unless that would not make the env the model trains on.
+
+Two ways it would not (both found 2026-11-26, /work/notes/sb3-findings.md F2 and F5):
+
+- the id names the training script, ``gym.register(id, entry_point="__main__:MyEnv")``:
+  Auturi's workers never run the script, so ``gym.make`` there failed with ``module
+  '__main__' has no attribute 'MyEnv'`` at the first collect (the serial layout and SB3's
+  ``SubprocVecEnv``, whose workers import the script, ran it). :func:`portable_spec` ships the
+  creator itself, which cloudpickle copies by value;
+- the live env was changed after ``gym.make`` (``venv.env_method("set_level", 3)``,
+  ``env.unwrapped.gravity = 5.0``): not in the spec, so lost; a registered curriculum env set
+  to level 3 trained at level 0, while the same class passed as an instance (copied by
+  pickling) kept level 3. :func:`config_drift` finds such changes, and the live env is then
+  copied, as an instance is.
+
+The live env may also have been reset and stepped (a ``learn`` before ``wrap``), which moves
+its state attributes. A change is therefore only a scalar attribute of the unwrapped env that
+an env freshly made from the same spec holds too, with another value, and that the fresh env
+does not move itself over a reset and :data:`PROBE_STEPS` random steps. The fresh env's
+profile is made once per process and spec (0.00-0.04 s for classic control and MuJoCo, ~0.3 s
+for an ALE game, mostly its make and reset, on the shared 2-core machine, 2026-11-26).
+
+Env workers import this module with :mod:`.recover` (through SB3's ``SubprocVecEnv`` probe): no
+torch, no SB3.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvRebuildError
+
+PROBE_STEPS = 64
+"""Random steps the fresh env takes to find the attributes that reset and step move."""
+
+_SCRIPT_MODULES = ("__main__", "__mp_main__")
+"""Module names that mean the training script: another process's are its own script."""
+
+_SCALARS = (bool, int, float, str, type(None))
+_PROFILES: dict[tuple, tuple[dict[str, Any], frozenset] | None] = {}  # spec key -> (initial scalars, moving keys)
+
+
+def spec_recipe(base: gym.Env, spec: Any, where: str, copy: Callable[[gym.Env, str, str], tuple]) -> tuple:
+    """The base recipe of ``base``, a live unwrapped env made from the registered ``spec``:
+    ``("make", spec)`` (see :func:`portable_spec`), or, where the live env was changed since
+    (:func:`config_drift`), ``copy(base, where, why)`` (``recover._pickled``) when that copy
+    keeps the changes; else ``("make", ...)`` with a warning naming them and the fix."""
+    changed = config_drift(base, spec)
+    if not changed:
+        return ("make", portable_spec(spec, where))
+    what = ", ".join(f"{k}={live!r} (as made: {made!r})" for k, (live, made) in sorted(changed.items()))
+    why = f"was changed after gym.make({spec.id!r}) ({what})"
+    try:
+        recipe = copy(base, where, why)
+        import cloudpickle
+
+        clone = cloudpickle.loads(recipe[1])
+        try:  # a class whose pickle re-runs its constructor (ale_py's AtariEnv, MuJoCo's) drops such changes
+            lost = sorted(k for k in changed if not same_value(getattr(clone, k, None), changed[k][0]))
+        finally:
+            clone.close()
+        if not lost:
+            return recipe
+        problem = f"the env {type(base).__name__} {why}, and a copy of it by pickling does not keep {lost}."
+    except EnvRebuildError as exc:
+        problem = str(exc)
+    warnings.warn(f"{where}: {problem} Auturi's workers make it from its id, without these changes; if they "
+                  f"matter, pass them to gym.make (make_vec_env(..., env_kwargs=...)) or use env_fn=",
+                  UserWarning, stacklevel=2)
+    return ("make", portable_spec(spec, where))
+
+
+def portable_spec(spec: Any, where: str) -> Any:
+    """``spec`` with an entry point that names the training script replaced by the creator it
+    names (see the module doc); any other spec as it is."""
+    import dataclasses
+
+    entry = getattr(spec, "entry_point", None)
+    if not isinstance(entry, str) or entry.partition(":")[0] not in _SCRIPT_MODULES:
+        return spec
+    from gymnasium.envs.registration import load_env_creator
+
+    try:
+        creator = load_env_creator(entry)
+    except Exception as exc:  # noqa: BLE001 - named with the fix
+        raise EnvRebuildError(f"{where}: its id {spec.id!r} is registered with entry_point={entry!r}, which this "
+                              f"process cannot load ({type(exc).__name__}: {exc}); register the class itself "
+                              f"(entry_point=MyEnv) or a module path, or {ENV_FN_HINT}") from exc
+    return dataclasses.replace(spec, entry_point=creator)
+
+
+def config_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
+    """``{attribute: (live value, value as made)}`` for the settings of ``base`` (a live
+    unwrapped env made from ``spec``) that differ from an env fresh from ``spec`` (see the
+    module doc); empty when none do or the fresh env cannot be profiled."""
+    profile = _profile(spec)
+    if profile is None:
+        return {}
+    initial, moving = profile
+    live = _scalars(base)
+    return {k: (live[k], v) for k, v in initial.items() if k in live and k not in moving and not same_value(live[k], v)}
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal scalars (NaN equal to NaN)."""
+    if a is b:
+        return True
+    try:
+        return bool(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=isinstance(a, (float, np.floating))))
+    except Exception:  # noqa: BLE001 - values that do not compare are different
+        return False
+
+
+def _scalars(env: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in vars(env).items():
+        if isinstance(value, _SCALARS) or (isinstance(value, np.generic) and np.ndim(value) == 0):
+            out[key] = value
+    return out
+
+
+def _profile(spec: Any) -> tuple[dict[str, Any], frozenset] | None:
+    """The scalars of an env fresh from ``spec`` and those its reset and steps move; ``None``
+    when the fresh env cannot be made or stepped (then nothing is reported: this is a check,
+    never a reason to fail a wrap)."""
+    try:
+        key = (spec.id, repr(sorted(spec.kwargs.items())), repr(spec.entry_point))
+    except Exception:  # noqa: BLE001
+        return None
+    if key in _PROFILES:
+        return _PROFILES[key]
+    profile = None
+    env = None
+    try:
+        env = gym.make(spec)
+        base = env.unwrapped
+        initial = _scalars(base)
+        moving: set[str] = set()
+
+        def note() -> None:
+            moving.update(k for k, v in _scalars(base).items() if k not in initial or not same_value(v, initial[k]))
+
+        env.action_space.seed(0)
+        env.reset(seed=0)
+        note()
+        for _ in range(PROBE_STEPS):
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            note()
+            if terminated or truncated:
+                env.reset()
+                note()
+        profile = (initial, frozenset(moving))
+    except Exception:  # noqa: BLE001 - see the docstring
+        profile = None
+    finally:
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001
+                pass
+    _PROFILES[key] = profile
+    return profile
