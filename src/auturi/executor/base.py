@@ -310,6 +310,10 @@ class Executor(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
+        # Dropped without close(), maybe as part of a reference cycle: the garbage collector
+        # may have finalized its shared-memory blocks first (their mappings gone: a write there
+        # was a segfault, 2026-11-26), so the backends end the workers by signals alone.
+        self._finalizing = True
         try:
             self.close()
         except Exception:

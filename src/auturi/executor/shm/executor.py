@@ -577,11 +577,12 @@ class ShmExecutor(Executor):
                 tb = read_error(self._ctrl, i)
             raise WorkerError(s.name, processes.exit_reason(s.proc.exitcode), tb, self._applying)
 
-    def _end(self, ending: dict[int, Slot]) -> None:
+    def _end(self, ending: dict[int, Slot], ask: bool = True) -> None:
         """End the workers ``ending`` (no longer in ``_workers``, or all of them at close);
-        unlink their semaphore names."""
+        unlink their semaphore names. ``ask``: send EXIT through the control block first (else
+        signals alone)."""
         try:
-            processes.end_slots(self._ctrl, ending)
+            processes.end_slots(self._ctrl if ask else None, ending)
         finally:
             for i, s in ending.items():
                 s.start_sem.unlink_name()
@@ -613,9 +614,12 @@ class ShmExecutor(Executor):
             if self._host is not None:
                 host, self._host = self._host, None
                 host.close()
-            if self._ctrl is not None:
+            # Garbage-collected (``__del__``): the control block may be unmapped already, so no
+            # EXIT through it, only signals; its name is still unlinked below.
+            usable = not getattr(self, "_finalizing", False)
+            if self._ctrl is not None and usable:
                 self._ctrl["hdr"][CLOSING] = 1
-            self._end({**self._leaving, **self._workers})
+            self._end({**self._leaving, **self._workers}, ask=usable)
         finally:
             self._workers, self._leaving = {}, {}
             self._close_control_block()
