@@ -79,15 +79,108 @@ def no_leaks():
     assert not left, f"worker processes left running: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left if p.is_running()]}"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A small local Ray instance for one test module, skipped only when Ray is not installed.
-    8 logical CPUs: Ray only counts them (this machine may have 2 cores), and an actor of the
-    contract's configs asks for up to 5 (its processes)."""
-    ray = pytest.importorskip("ray")
+FAST_FAILURE_DETECTION = {
+    # The GCS health-checks each raylet every period and declares its node dead after
+    # `threshold` checks in a row fail. A killed raylet's port refuses at once, so a lost node
+    # is seen after ~threshold * period: ~2 s here against ~14 s with Ray's 5 x 3 s (measured
+    # 2026-11-26, Ray 2.60; the node-loss test spent those 14 s waiting). A slow but alive
+    # raylet is no likelier to be declared dead: each check still waits Ray's own
+    # health_check_timeout_ms (10 s) for an answer, and 5 must fail in a row.
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 5,
+    # A node joining mid-test (the node-loss test's third) is checked from 1 s after it
+    # registers, not 5 s: its raylet serves before it registers.
+    "health_check_initial_delay_ms": 1000,
+    # ray.kill sends SIGTERM, then SIGKILL this much later to a worker still there: a
+    # SIGSTOPped actor never acts on SIGTERM, so it ended 5 s after ray.kill by Ray's default
+    # and 1 s with this (measured); a running actor ends within ~20 ms either way.
+    "kill_worker_timeout_milliseconds": 1000,
+}
+"""Ray system config of the test cluster (set on the head node; the other nodes read it from
+the GCS). It changes how fast Ray notices a dead node or ends a stopped worker, nothing a test
+asserts: each test still waits for Ray's own verdict."""
+
+RAY_NODE_CPUS = 8
+"""Logical CPUs of each test node (Ray only counts them; the machine has 2 cores): an actor of
+the contract's configs asks for up to 5 (its processes), and test_executor_ray's error for a
+config no node holds names 8."""
+
+_ray_test_cluster: dict = {"cluster": None}
+
+
+def _start_ray_test_cluster():
+    """A head node and a second node, each with RAY_NODE_CPUS logical CPUs and a custom resource
+    naming it ("node_a", "node_b"), with this process connected."""
+    import ray
+    from ray.cluster_utils import Cluster
+
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-             logging_level=logging.WARNING, object_store_memory=80 * 2**20)
-    yield ray
-    ray.shutdown()
+    small = {"object_store_memory": 80 * 2**20}
+    # No autoscaler monitor and no log monitor on the head: two Python daemons (together ~1.4 s
+    # of CPU per start-up on this 2-core machine, and a poll each while idle) for what no test
+    # uses: nothing autoscales, and the driver takes no worker logs (log_to_driver=False).
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": RAY_NODE_CPUS, "resources": {"node_a": 1}, "include_dashboard": False,
+                                      "no_monitor": True, "include_log_monitor": False,
+                                      # a copy: Ray adds keys of its session to the dict it is given
+                                      "_system_config": dict(FAST_FAILURE_DETECTION), **small})
+    cluster.add_node(num_cpus=RAY_NODE_CPUS, resources={"node_b": 1}, **small)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+    return cluster
+
+
+def _shut_ray_test_cluster_down() -> None:
+    cluster = _ray_test_cluster["cluster"]
+    if cluster is not None:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+        _ray_test_cluster["cluster"] = None
+
+
+@pytest.fixture(scope="session")
+def _ray_test_cluster_owner():
+    """Shuts the test cluster down at the session's end if no module's teardown did (the last
+    module using it handed it on to a next one that then did not run)."""
+    yield
+    _shut_ray_test_cluster_down()
+
+
+def _a_later_module_uses_the_cluster(request) -> bool:
+    """Whether a test run after this module's last one is of another module that asks for
+    ray_cluster by name (test_executor_ray and test_faces_ray after test_executor_contract, in a
+    full run). A module that asks for it later by getfixturevalue is not seen: the cluster then
+    starts again for it, as every module's own cluster did before."""
+    items = request.session.items
+    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module), default=-1)
+    return any("ray_cluster" in getattr(item, "fixturenames", ())
+               and getattr(item, "module", None) is not request.module for item in items[last + 1:])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request, _ray_test_cluster_owner):
+    """The suite's Ray test cluster, two nodes on this machine (Ray's own cluster utilities),
+    with this process connected while the module runs; skipped only when Ray is not installed.
+
+    One cluster serves every module that uses it (test_executor_contract's ray cases,
+    test_executor_ray, test_faces_ray): it starts at the first of them and shuts down after the
+    last, and the modules between run with this process disconnected from it (``ray.shutdown()``
+    ends the connection, not the cluster). A start-up took ~6 s of the 2 cores and each module
+    started its own; the cluster idling between them takes ~4% of a core (measured
+    2026-11-26). Tests that add a node remove it again."""
+    ray = pytest.importorskip("ray")
+    cluster = _ray_test_cluster["cluster"]
+    if cluster is None:
+        cluster = _ray_test_cluster["cluster"] = _start_ray_test_cluster()
+    else:
+        if ray.is_initialized():  # another module's own Ray instance or connection
+            ray.shutdown()
+        ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+    yield cluster
+    if _a_later_module_uses_the_cluster(request):
+        ray.shutdown()
+    else:
+        _shut_ray_test_cluster_down()

@@ -1,9 +1,9 @@
 """The executor's central contract: every backend and config gives the serial rollout.
 
 One suite over every backend, ``serial``, ``shm`` and ``ray`` (as SB3 tests every VecEnv; Ray
-on a local instance, see conftest's ``ray_local``): data equality bit for bit with a
-batch-independent policy, across consecutive collects whose episodes end mid-rollout and
-continue; plus seeding, terminal observations, reconfigure truncation and weight updates.
+on the suite's two-node test cluster, see conftest's ``ray_cluster``): data equality bit for
+bit with a batch-independent policy, across consecutive collects whose episodes end
+mid-rollout and continue; plus seeding, terminal observations, reconfigure truncation and weight updates.
 It runs on envs that compute with their action (``ActionDtypeEnv``), so it also holds every
 path to handing each env the action as SB3's DummyVecEnv does (a numpy scalar or array of
 the actions' dtype), and the serial loop to a DummyVecEnv-style reference loop.
@@ -27,10 +27,10 @@ BACKENDS = ["serial", "shm", "ray"]
 
 @pytest.fixture
 def backend(request):
-    """The backend under test; ``ray`` runs on the module's local Ray instance (conftest's
-    ``ray_local``, started at the first ray test and skipped only when Ray is not installed)."""
+    """The backend under test; ``ray`` runs on the suite's Ray test cluster (conftest's
+    ``ray_cluster``, connected at the first ray test and skipped only when Ray is not installed)."""
     if request.param == "ray":
-        request.getfixturevalue("ray_local")
+        request.getfixturevalue("ray_cluster")
     return request.param
 
 
@@ -43,12 +43,22 @@ ENVS = {
     "dtype-multibinary": functools.partial(ActionDtypeEnv, action="multibinary"),
 }
 EVERY_CONFIG_ENVS = ["counting", "dtype-discrete", "dtype-box"]  # the rest: one hybrid config, below
-# Ray runs every config on CountingEnv and the dtype envs on the hybrid config below: inside an
-# actor the same ActorHost as shm's hands each env its action, so every config x dtype env
-# again would only add Ray actor start-ups.
-EVERY_CONFIG_CASES = [(e, b) for e in EVERY_CONFIG_ENVS for b in ("serial", "shm")] + [("counting", "ray")]
+HYBRID = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
+# Ray runs every config on CountingEnv and the dtype envs on one layout below: inside an actor
+# the same ActorHost as shm's hands each env its action, so every config x dtype env again
+# would only add Ray actor start-ups. HYBRID's Ray case is the first collects of
+# test_weight_updates_reach_every_replica (one executor for both: a Ray start-up of 2 actors fewer).
+EVERY_CONFIG_CASES = [pytest.param(e, b, c, id=f"{e}-{b}-{ids(c)}")
+                      for e in EVERY_CONFIG_ENVS for b in ("serial", "shm") for c in CONFIGS] + \
+                     [pytest.param("counting", "ray", c, id=f"counting-ray-{ids(c)}") for c in CONFIGS if c != HYBRID]
 HYBRID_SPACES = ["box_action", "image_obs", "dtype-multidiscrete", "dtype-multibinary"]
 HYBRID_CASES = [(s, b) for b in BACKENDS for s in HYBRID_SPACES] + [(s, "ray") for s in ("dtype-discrete", "dtype-box")]
+# Each space on Ray goes through one Ray actor with an env worker inside it: what Ray adds to
+# shm for a space (the actor's columns, their dtypes kept, copied into the caller's rollout at
+# the actor's env offset) does not depend on the number of actors, which the every-config
+# cases vary (1, 2 and 4 on CountingEnv), nor on where the policy runs, which shm's HYBRID case
+# covers for every space. Two actors took ~2 s more per space (a busy 2-core box, 2026-11-26).
+RAY_SPACES_CONFIG = Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +121,7 @@ def test_serial_matches_a_dummy_vec_env_loop(env, serial_refs):
     assert not serial_reference[1].episode_starts[0].all()
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=ids)
-@pytest.mark.parametrize("env,backend", EVERY_CONFIG_CASES, indirect=["backend"])
+@pytest.mark.parametrize("env,backend,config", EVERY_CONFIG_CASES, indirect=["backend"])
 def test_every_config_gives_the_serial_rollout(env, backend, config, serial_refs):
     assert_same(run(backend, config, ENVS[env]), serial_refs(env))
 
@@ -155,8 +164,7 @@ def test_box_actions_and_image_observations(backend, space, serial_refs):
     else:
         env_fn = ENVS[space]
     ref = run("serial", Config.serial(N), env_fn)
-    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
-    got = run(backend, cfg, env_fn)
+    got = run(backend, RAY_SPACES_CONFIG if backend == "ray" else HYBRID, env_fn)
     assert_same(got, ref)
     assert got[0].observations.dtype == (np.uint8 if space == "image_obs" else np.float32)
 
@@ -205,24 +213,31 @@ def test_num_envs_comes_from_the_config_when_left_out():
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
 def test_seeding(backend):
+    """The backend's run with seed 1 is the serial run with seed 1, bit for bit (so the same
+    seed gives the same data), and differs from the serial runs with seed 2 and with the
+    default seed (0): the seed reaches every env wherever it steps, not a default or a fixed
+    one. One run of the backend: more runs of it would add only their start-ups (Ray: ~5 s)."""
     cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2)
-    a = run(backend, cfg, seed=1, steps=(6,))
-    b = run(backend, cfg, seed=1, steps=(6,))
-    c = run(backend, cfg, seed=2, steps=(6,))
-    assert_same(a, b)
-    assert not np.array_equal(a[0].observations, c[0].observations)
+    got = run(backend, cfg, seed=1, steps=(6,))
+    assert_same(got, run("serial", Config.serial(N), seed=1, steps=(6,)))
+    for other in (2, 0):
+        ref = run("serial", Config.serial(N), seed=other, steps=(6,))
+        assert not np.array_equal(got[0].observations, ref[0].observations)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, indirect=True)
-def test_weight_updates_reach_every_replica(backend):
+def test_weight_updates_reach_every_replica(backend, serial_reference):
+    """HYBRID's collects give the serial rollout (its every-config case, for Ray on this same
+    executor); then a weight update reaches every replica of every actor."""
     env_fn = counting()
-    cfg = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
-    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=cfg, backend=backend) as ex:
-        before = ex.collect(4)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=HYBRID, backend=backend,
+                       seed=3) as ex:
+        before = [ex.collect(s) for s in (7, 7, 5)]
         ex.set_policy_state({"w": np.array(1e6)})
         after = ex.collect(4)
+    assert_same(before, serial_reference)
     # every env (so every replica of every actor) saw the new weight from the first step on
-    assert (before.extras["values"] < 1e5).all()
+    assert all((r.extras["values"] < 1e5).all() for r in before)
     assert (after.extras["values"] > 1e5).all()
 
 

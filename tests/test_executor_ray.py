@@ -1,6 +1,7 @@
 """The ``ray`` backend against a real Ray instance: two nodes on this machine (Ray's own
-cluster utilities), started once for the module, with Ray settings that notice a lost node
-and end a stopped actor sooner than Ray's defaults (``FAST_FAILURE_DETECTION``).
+cluster utilities: conftest's ``ray_cluster``, which other modules share), with Ray settings
+that notice a lost node and end a stopped actor sooner than Ray's defaults (conftest's
+``FAST_FAILURE_DETECTION``).
 
 The data contract (the serial rollout, bit for bit) on multi-actor layouts spread over both
 nodes, across collects, a num_steps change, a weight update and a reconfigure; the failure
@@ -12,7 +13,6 @@ processes started inside Ray actors ended and their shared-memory segments are g
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import signal
 import subprocess
@@ -26,63 +26,18 @@ import psutil
 import pytest
 
 from auturi import AuturiError, Config, ConfigError, WorkerError, make_executor
-from tests.helpers import N, BlockingEnv, ObsHashPolicy, WorkerOnlyFaultyEnv, assert_same, counting, ids, run
+from tests.helpers import N, BlockingEnv, ObsHashPolicy, WorkerOnlyFaultyEnv, assert_same, counting, run
 
 ray = pytest.importorskip("ray")
 
 TRACKED: set[int] = set()  # pids of Ray actors and of every process they started
 DEADLINE = 30.0
 
-FAST_FAILURE_DETECTION = {
-    # The GCS health-checks each raylet every period and declares its node dead after
-    # `threshold` checks in a row fail. A killed raylet's port refuses at once, so a lost node
-    # is seen after ~threshold * period: ~2 s here against ~14 s with Ray's 5 x 3 s (measured
-    # 2026-11-26, Ray 2.60; the node-loss test spent those 14 s waiting). A slow but alive
-    # raylet is no likelier to be declared dead: each check still waits Ray's own
-    # health_check_timeout_ms (10 s) for an answer, and 5 must fail in a row.
-    "health_check_period_ms": 500,
-    "health_check_failure_threshold": 5,
-    # A node joining mid-test (the node-loss test's third) is checked from 1 s after it
-    # registers, not 5 s: its raylet serves before it registers.
-    "health_check_initial_delay_ms": 1000,
-    # ray.kill sends SIGTERM, then SIGKILL this much later to a worker still there: a
-    # SIGSTOPped actor never acts on SIGTERM, so it ended 5 s after ray.kill by Ray's default
-    # and 1 s with this (measured); a running actor ends within ~20 ms either way.
-    "kill_worker_timeout_milliseconds": 1000,
-}
-"""Ray system config of the test clusters (set on the head node; the other nodes read it from
-the GCS). It changes how fast Ray notices a dead node or ends a stopped worker, nothing a test
-asserts: each test still waits for Ray's own verdict."""
-
-
-def two_node_cluster(cpus: int):
-    """A head node and a second node, each with ``cpus`` logical CPUs (Ray only counts them;
-    the machine has 2 cores) and a custom resource naming it ("node_a", "node_b"), with this
-    process connected; a generator for a module fixture (other test modules use it too)."""
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    small = {"object_store_memory": 80 * 2**20}
-    # No autoscaler monitor and no log monitor on the head: two Python daemons (together ~1.4 s
-    # of CPU per start-up on this 2-core machine, and a poll each while idle) for what no test
-    # uses: nothing autoscales, and the driver takes no worker logs (log_to_driver=False).
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": cpus, "resources": {"node_a": 1}, "include_dashboard": False,
-                                      "no_monitor": True, "include_log_monitor": False,
-                                      # a copy: Ray adds keys of its session to the dict it is given
-                                      "_system_config": dict(FAST_FAILURE_DETECTION), **small})
-    cluster.add_node(num_cpus=cpus, resources={"node_b": 1}, **small)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-
 
 @pytest.fixture(scope="module", autouse=True)
-def two_nodes():
-    yield from two_node_cluster(8)
+def two_nodes(ray_cluster):
+    """The suite's two-node test cluster (node_a, node_b; 8 CPUs each), connected for this module."""
+    return ray_cluster
 
 
 def _alive(pid: int) -> bool:
@@ -144,18 +99,10 @@ HYBRID = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_
 FOUR_ACTORS = Config(num_actors=4, envs_per_actor=1)
 
 
-# HYBRID's serial rollout over both nodes is checked by the next test, on the same executor
-# as its weight update and reconfigure (one Ray executor of 8 processes fewer to start).
-@pytest.mark.parametrize("config", [FOUR_ACTORS], ids=ids)
-def test_ray_gives_the_serial_rollout_with_actors_on_both_nodes(config, serial_reference):
-    """Three collects whose episodes end mid-rollout and continue, bit for bit, with the
-    actors spread over two nodes (every config on one node: the contract suite)."""
-    with ray_executor(counting(), config) as ex:
-        got = [ex.collect(s) for s in (7, 7, 5)]
-        nodes = node_labels(ex)
-    assert_same(got, serial_reference)
-    assert len(nodes) == config.num_actors
-    assert set(nodes) == {"node_a", "node_b"}  # the placement group spread the actors over both nodes
+# The serial rollout over both nodes: HYBRID's by the next test, on the same executor as its
+# weight update and reconfigure (whose FOUR_ACTORS actors it checks are spread over both nodes);
+# every config's, FOUR_ACTORS' included, by test_executor_contract's ray cases, which run on this
+# same two-node cluster (conftest's ray_cluster) with the same envs, seed and collects.
 
 
 def test_num_steps_change_weight_update_and_reconfigure_across_nodes(serial_reference):

@@ -1,4 +1,4 @@
-"""Both faces on a two-node Ray cluster (Ray's own cluster utilities, one for the module):
+"""Both faces on a two-node Ray cluster (Ray's own cluster utilities: conftest's ``ray_cluster``):
 ``auturi.wrap(config)`` for RLlib and ``auturi.wrap(model)`` for SB3 with ``backend="ray"``.
 
 RLlib: a config wrapped while connected to a multi-node cluster defaults to the ray backend,
@@ -22,15 +22,16 @@ pytest.importorskip("ray.rllib")
 
 import auturi  # noqa: E402
 from auturi import Config, ConfigError, WorkerError  # noqa: E402
-from tests.test_executor_ray import _alive, _segments_of, two_node_cluster  # noqa: E402
+from tests.test_executor_ray import _alive, _segments_of  # noqa: E402
 
 SEEN: set[int] = set()  # pids of the Ray actors the faces started
 DEADLINE = 30.0
 
 
 @pytest.fixture(scope="module", autouse=True)
-def two_nodes():
-    yield from two_node_cluster(4)
+def two_nodes(ray_cluster):
+    """The suite's two-node test cluster (conftest's ``ray_cluster``), connected for this module."""
+    return ray_cluster
 
 
 @pytest.fixture(autouse=True)

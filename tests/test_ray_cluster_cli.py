@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -33,23 +34,49 @@ def _free_port() -> int:
 def _env(**extra: str) -> dict[str, str]:
     """The environment of every process of these tests, cluster and drivers alike: without
     token authentication on both sides. A driver in token mode (Ray puts RAY_AUTH_MODE=token
-    into os.environ of a process that started a local instance, as earlier tests of the suite
-    do) has the cluster's calls refused, and Ray drops every actor it creates ("all references
+    into os.environ of a process that started a local instance, as the test process does in
+    test_rllib_*) has the cluster's calls refused, and Ray drops every actor it creates ("all references
     to the actor were removed"): why the first actor died inside the full suite."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", **extra}
     env.pop("RAY_ADDRESS", None)
     return env
 
 
-def _ray_start(*args: str) -> subprocess.Popen:
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = _env()
-    return subprocess.Popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+STARTED = "Ray runtime started."
+"""What ``ray start`` prints once its node is registered with the GCS (Ray's ``Node`` waits for
+the node's entry there first), i.e. once ``ray.nodes()`` lists it alive."""
 
 
-def _stop(proc: subprocess.Popen) -> None:
+class _RayStart:
+    """One ``ray start --block`` process; a thread reads its output to the end (so the pipe
+    never fills while the node runs), keeps the last lines and notes when STARTED shows."""
+
+    def __init__(self, *args: str):
+        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        self.proc = subprocess.Popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.started = threading.Event()
+        self.tail: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.tail = (self.tail + [line.rstrip()])[-20:]
+            if STARTED in line:
+                self.started.set()
+
+    def wait_started(self, deadline: float) -> None:
+        """Returns once the node is registered; fails if ``ray start`` exits or the deadline passes."""
+        while not self.started.wait(timeout=0.5):
+            tail = "\n".join(self.tail)
+            assert self.proc.poll() is None, f"ray start exited ({self.proc.returncode}):\n{tail}"
+            assert time.monotonic() < deadline, f"ray start had no node up within {START_SECONDS:.0f} s:\n{tail}"
+
+
+def _stop(node: _RayStart) -> None:
     """End one ``ray start --block`` and every process it started (by their ids)."""
+    proc = node.proc
     try:
         family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
     except psutil.NoSuchProcess:
@@ -72,41 +99,34 @@ def _proc(pid: int):
         return None
 
 
-def _wait_for_nodes(address: str, count: int) -> None:
-    code = textwrap.dedent(f"""
-        import time, ray
-        ray.init(address={address!r}, log_to_driver=False)
-        deadline = time.monotonic() + {START_SECONDS}
-        while sum(1 for n in ray.nodes() if n["Alive"]) < {count}:
-            assert time.monotonic() < deadline, "the second node did not join"
-            time.sleep(0.5)
-    """)
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=START_SECONDS + 30, env=_env())
-
-
 @pytest.fixture(scope="module")
 def cluster():
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # every daemon on loopback: the machine's other addresses may not route to itself
-    procs = [_ray_start("--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2", '--resources={"node_a": 1}',
-                        "--include-dashboard=false")]
+    nodes = [_RayStart("--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                       '--resources={"node_a": 1}', "--include-dashboard=false")]
     try:
         deadline = time.monotonic() + START_SECONDS
-        while True:  # the head's GCS answers
+        while True:  # the head's GCS answers: the second node can join while the head starts the rest
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert procs[0].poll() is None, "ray start --head exited"
+                assert nodes[0].proc.poll() is None, "ray start --head exited:\n" + "\n".join(nodes[0].tail)
                 assert time.monotonic() < deadline, f"no Ray head at {address} within {START_SECONDS:.0f} s"
                 time.sleep(0.5)
-        procs.append(_ray_start(f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2", '--resources={"node_b": 1}'))
-        _wait_for_nodes(address, 2)
+        nodes.append(_RayStart(f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                               '--resources={"node_b": 1}'))
+        # Both nodes registered (each `ray start` says so), as the drivers expect: the PPO's two
+        # actors spread over both, beside the tune's. (A driver process polling ray.nodes() was
+        # ~3 s more of a core importing Ray and connecting, 2026-11-26.)
+        for node in nodes:
+            node.wait_started(time.monotonic() + START_SECONDS)
         yield address
     finally:
-        for p in reversed(procs):
-            _stop(p)
+        for node in reversed(nodes):
+            _stop(node)
 
 
 def _run(args: list[str], timeout: float = RUN_SECONDS, **env: str) -> subprocess.CompletedProcess:
