@@ -382,3 +382,40 @@ def test_off_policy_callbacks_see_sb3s_loop_locals():
             model.auturi.close()
     assert seen[0] == seen[1]
     assert [s[0] for s in seen[1]] == [1, 2, 3] * 4
+
+
+# ------------------------------------------------------------------ the user's monitor files
+class EpisodesSeen(BaseCallback):
+    def __init__(self):
+        super().__init__()
+        self.lengths: list[int] = []
+
+    def _on_step(self) -> bool:
+        self.lengths += [int(info["episode"]["l"]) for info in self.locals["infos"] if "episode" in info]
+        return True
+
+
+def test_the_tuners_timing_writes_no_episode_into_the_users_monitor_files(tmp_path, monkeypatch):
+    """``make_vec_env(monitor_dir=)`` files hold the learner's episodes and nothing else, as in
+    plain SB3: the tuner times env 0 with random actions (wrap-time and rollout profiles), on a
+    copy with the in-memory monitor (the files had ~23 extra random episodes in a 6,000-step run)."""
+    from stable_baselines3.common.monitor import load_results
+
+    from auturi.adapters.sb3.envs import EnvFactory
+    from auturi.tuner.timing import time_env
+
+    timed = []
+    quiet = EnvFactory.for_timing
+    monkeypatch.setattr(EnvFactory, "for_timing", lambda self: timed.append(self) or quiet(self))
+    model = ppo(make_vec_env("CartPole-v1", 2, monitor_dir=str(tmp_path), seed=0))
+    auturi.wrap(model, tuner_options={"cache": False})
+    try:
+        seen = EpisodesSeen()
+        model.learn(N_STEPS * 2 * 40, callback=seen)
+        assert timed, "the tuner timed no env: nothing here was checked"
+        time_env(model.auturi.executor.env_fns[0], seconds=0.0, min_steps=300, max_steps=300)  # ~13 episodes
+    finally:
+        model.auturi.close()
+        model.env.close()
+    written = sorted(int(x) for x in load_results(str(tmp_path))["l"])
+    assert seen.lengths and written == sorted(seen.lengths)

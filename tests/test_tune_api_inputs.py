@@ -14,3 +14,56 @@ def _cartpole():
 def test_a_list_of_factories_that_does_not_match_num_envs_names_both_counts():
     with pytest.raises(ValueError, match="num_envs=2 but 3 env factories were given"):
         auturi.tune([_cartpole] * 3, num_envs=2, budget_seconds=1)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"seed": -1}, ValueError, "seed must be an integer >= 0, got -1"),
+    ({"num_envs": True}, ValueError, "num_envs must be an integer >= 1, got True"),
+    ({"budget_seconds": True}, ValueError, "budget_seconds must be a number of seconds > 0, got True"),
+    ({"max_trial_seconds": "4"}, ValueError, "max_trial_seconds must be a number of seconds > 0, got '4'"),
+    ({"budget_trials": 0}, ValueError, r"budget_trials must be an integer >= 1, got 0 \(None: the strategy's own stop\)"),
+    ({"devices": "cpu"}, TypeError, r"devices must be a list of devices.*write \['cpu'\]"),
+    ({"devices": []}, ValueError, r"devices is empty.*pass \['cpu'\]"),
+    ({"devices": ["cuda:7"]}, auturi.ConfigError, "cuda:7 does not exist here: 1 CUDA device"),
+    ({"foo": 1}, TypeError, r"unexpected keyword argument\(s\) 'foo'.*worker_timeout"),
+    ({"backend": "serial", "address": "auto"}, TypeError, r"'address'.*make_executor\(backend='serial'\)"),
+])
+def test_bad_arguments_are_named_before_anything_starts(kwargs, error, match, monkeypatch):
+    """Each bad argument is refused with its name and the fix, before the backend's worker
+    processes start (a seed of -1 failed in gymnasium after the executor had started; an
+    unknown keyword in the executor's constructor after the forkservers had; a str of devices
+    on its first letter; a missing GPU searched nothing)."""
+    import auturi.executor
+
+    monkeypatch.setattr(auturi.executor, "warm_backend", lambda *a, **k: pytest.fail("started the backend"))
+    monkeypatch.setattr("auturi.resources.cuda_device_count", lambda: 1)  # cuda:7 is missing on any machine
+    with pytest.raises(error, match=match):
+        auturi.tune(_cartpole, **{"num_envs": 2, "budget_trials": 1, **kwargs})
+
+
+def test_numpy_integers_count_as_whole_numbers():
+    """``num_envs=np.int64(2)`` (a count from numpy arithmetic) was refused as not an integer."""
+    import numpy as np
+
+    r = auturi.tune("CartPole-v1", policy="mlp", num_envs=np.int64(2), num_steps=np.int32(4), budget_trials=1,
+                    backend="serial", cache=False, seed=np.int64(3), max_trial_seconds=0.2)
+    assert r.config == auturi.Config.serial(2)
+
+
+def test_the_executor_keyword_table_matches_the_constructors():
+    """``EXECUTOR_KEYWORDS`` (what ``auturi.tune`` lets through to ``make_executor``) lists
+    exactly the keywords the backends' constructors take."""
+    import inspect
+
+    from auturi.executor import EXECUTOR_KEYWORDS
+    from auturi.executor.base import Executor
+    from auturi.executor.shm import ShmExecutor
+
+    def own(cls) -> set[str]:
+        return {n for n, p in inspect.signature(cls.__init__).parameters.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
+
+    assert EXECUTOR_KEYWORDS["all"] == own(Executor) - {"env", "policy", "num_envs", "config", "seed"}
+    assert EXECUTOR_KEYWORDS["shm"] == own(ShmExecutor)
+    ray_executor = pytest.importorskip("auturi.executor.ray.executor")
+    assert EXECUTOR_KEYWORDS["ray"] == own(ray_executor.RayExecutor)

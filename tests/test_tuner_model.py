@@ -146,5 +146,5 @@ def test_tune_plans_for_the_cores_it_is_given():
     wide = auturi.tune("CartPole-v1", policy="mlp", num_envs=4, num_steps=4, budget_trials=1, backend="serial",
                        cache=False, cores=8, max_trial_seconds=0.2)
     assert wide.space["cores"] == 8 and wide.space["configs"] > r.space["configs"]
-    with pytest.raises(ValueError, match="cores must be a whole number >= 1"):
+    with pytest.raises(ValueError, match="cores must be an integer >= 1"):
         auturi.tune("CartPole-v1", num_envs=4, backend="serial", cache=False, cores=0)

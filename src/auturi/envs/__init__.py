@@ -116,6 +116,18 @@ class ProcessTreeEnvFn:
                 providers = "(" + ", ".join(self._providers) + ")" if self._providers else "(none)"
                 raise type(e)(f"{e} {WORKER_ID_HINT.format(providers=providers)}") from e
 
+    def for_timing(self) -> ProcessTreeEnvFn:
+        """The factory to time an env with (:func:`auturi.tuner.timing.time_env`): ``fn``'s own
+        ``for_timing()`` where it has one (a recipe whose envs write nothing to the user's
+        files, as the SB3 face's), else this factory."""
+        inner = getattr(self.fn, "for_timing", None)
+        if not callable(inner):
+            return self
+        quiet = object.__new__(type(self))  # not copy.copy: that goes through the pickle state, a worker's
+        vars(quiet).update(vars(self))
+        quiet.fn = inner()
+        return quiet
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
         del state["_owner"]

@@ -73,6 +73,17 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
     raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
 
 
+EXECUTOR_KEYWORDS: dict[str, frozenset[str]] = {
+    "all": frozenset({"env_id_offset", "worker_timeout", "check_finite"}),
+    "shm": frozenset({"start_method"}),
+    "ray": frozenset({"address", "start_timeout", "actor_resources"}),
+}
+"""The keywords :func:`make_executor` passes on, every backend's (``"all"``) and one
+backend's own: ``auturi.tune`` names an unknown one before any worker starts. A table, not
+the constructors' signatures read at run time: reading the Ray backend's imports Ray
+(``tests/test_tune_api_inputs.py`` checks it against the signatures)."""
+
+
 def warm_backend(backend: str, *, policy_processes: bool = True) -> Callable[[], None]:
     """Start now, in the background, what ``backend``'s worker processes fork from, before
     any executor exists (``auturi tune`` does, so the imports run while it probes the env and
@@ -101,4 +112,4 @@ def _nothing() -> None:
     """What :func:`warm_backend` returns when it started nothing."""
 
 
-__all__ = ["Executor", "ExecutorLike", "MoveCost", "make_executor", "warm_backend", "BACKENDS"]
+__all__ = ["Executor", "ExecutorLike", "MoveCost", "make_executor", "warm_backend", "BACKENDS", "EXECUTOR_KEYWORDS"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -342,24 +343,71 @@ class _Budget:
     seconds: float | None
 
 
+def _whole(name: str, value: Any, low: int, none: str = "") -> int | None:
+    """``value`` as an ``int`` when it is a whole number >= ``low`` (numpy's integers too;
+    ``True`` is not a count), else ``ValueError`` naming ``name``; ``None`` passes where
+    ``none`` says what it means."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}" + (f" (None: {none})" if none else ""))
+    return int(value)
+
+
+def _seconds(name: str, value: Any, none: str = "") -> float | None:
+    """``value`` as a finite number of seconds > 0 (``None`` passes where ``none`` says what
+    it means), else ``ValueError`` naming ``name``."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}" + (f" (None: {none})" if none else ""))
+    return float(value)
+
+
 def _check_budget(num_envs: int, num_steps: int, budget_trials: int | None, budget_seconds: float | None,
                   max_trial_seconds: float) -> _Budget:
     """The arguments' rules, checked before any heavy import; ``ValueError`` names the fix."""
-    if not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
-    if not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
-    if budget_trials is not None and (not isinstance(budget_trials, int) or budget_trials < 1):
-        raise ValueError(f"budget_trials must be an integer >= 1, got {budget_trials!r} (None: the strategy's "
-                         f"own stop)")
-    if budget_seconds is not None and not (isinstance(budget_seconds, (int, float)) and budget_seconds > 0
-                                           and math.isfinite(budget_seconds)):
-        raise ValueError(f"budget_seconds must be a number of seconds > 0, got {budget_seconds!r}")
-    if not (max_trial_seconds > 0 and math.isfinite(max_trial_seconds)):
-        raise ValueError(f"max_trial_seconds must be > 0, got {max_trial_seconds:g}")
-    if budget_trials is None and budget_seconds is None:
-        budget_seconds = DEFAULT_BUDGET_SECONDS
-    return _Budget(budget_trials, None if budget_seconds is None else float(budget_seconds))
+    _whole("num_envs", num_envs, 1)
+    _whole("num_steps", num_steps, 1)
+    trials = _whole("budget_trials", budget_trials, 1, none="the strategy's own stop")
+    seconds = _seconds("budget_seconds", budget_seconds, none="15 s when budget_trials is None too")
+    _seconds("max_trial_seconds", max_trial_seconds)
+    if trials is None and seconds is None:
+        seconds = DEFAULT_BUDGET_SECONDS
+    return _Budget(trials, seconds)
+
+
+def _check_devices(devices: Any) -> list[str] | None:
+    """``devices`` as a list of devices this machine has (``None``: the tuner's default), else
+    the error naming the fix: a bare string, an empty list and a missing GPU searched nothing
+    (or failed on the first letter) before."""
+    if devices is None:
+        return None
+    if isinstance(devices, str):
+        raise TypeError(f"devices must be a list of devices, e.g. ['cpu', 'cuda'], got the str {devices!r} "
+                        f"(write [{devices!r}])")
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices is empty: nothing could run the policy; pass ['cpu'], ['cuda'] or both "
+                         "(None: cpu, plus cuda when present)")
+    from auturi.resources import check_device
+
+    for d in devices:
+        check_device(d, use_cpu="devices=['cpu']")
+    return devices
+
+
+def _check_executor_kwargs(backend: str, kwargs: dict[str, Any]) -> None:
+    """``auturi.tune``'s extra keywords go to :func:`auturi.make_executor`: an unknown one is
+    named here, before any worker starts (it failed in the executor's constructor after the
+    forkservers had started)."""
+    from auturi.executor import EXECUTOR_KEYWORDS
+
+    known = EXECUTOR_KEYWORDS["all"] | EXECUTOR_KEYWORDS.get(backend, frozenset())
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"auturi.tune() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; besides "
+                        f"its own it takes what make_executor(backend={backend!r}) takes: {', '.join(sorted(known))}")
 
 
 DEFAULT_BUDGET_SECONDS = 15.0
@@ -409,12 +457,15 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     Then ``auturi.wrap(model, config=result.config)`` (SB3) trains with it.
     """
     budget = _check_budget(num_envs, num_steps, budget_trials, budget_seconds, max_trial_seconds)
-    if cores is not None and (not isinstance(cores, int) or cores < 1):
-        raise ValueError(f"cores must be a whole number >= 1 (or None: the cores this process may run on), got {cores!r}")
+    num_envs, num_steps = int(num_envs), int(num_steps)
+    cores = _whole("cores", cores, 1, none="the cores this process may run on")
+    seed = _whole("seed", seed, 0)
     from auturi.executor import BACKENDS, make_executor, warm_backend
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    _check_executor_kwargs(backend, executor_kwargs)
+    devices = _check_devices(devices)
     built_in = isinstance(policy, str)
     # What the backend's workers fork from imports (gymnasium, torch) on another core while
     # this process probes the env and builds the policy (start-up, not tuning).

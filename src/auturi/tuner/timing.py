@@ -56,8 +56,11 @@ class EnvTiming(NamedTuple):
 def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 20,
              max_steps: int = 5000) -> EnvTiming:
     """Step one env with seeded random actions for about ``seconds`` (``min_steps`` to
-    ``max_steps`` steps): :class:`EnvTiming`. A reset after an episode ends counts in that step."""
-    env = env_fn()
+    ``max_steps`` steps): :class:`EnvTiming`. A reset after an episode ends counts in that step.
+    The env comes from ``env_fn.for_timing()`` where the factory has one: random-action episodes
+    must not reach the user's files (SB3's ``monitor_dir``)."""
+    quiet = getattr(env_fn, "for_timing", None)
+    env = (quiet() if callable(quiet) else env_fn)()
     try:
         obs, _ = env.reset(seed=seed)
         env.action_space.seed(seed)

@@ -132,6 +132,15 @@ class EnvFactory:
     def with_layers(self, layers: Sequence[tuple]) -> EnvFactory:
         return EnvFactory(self.base, self.layers + list(layers), self.name)
 
+    def for_timing(self) -> EnvFactory:
+        """This recipe with SB3's file ``Monitor`` swapped for the in-memory one: the tuner
+        times env 0 with random actions (:func:`auturi.tuner.timing.time_env`), and those
+        episodes must not land in the user's ``monitor_dir`` beside the learner's (learning
+        curves read every line of it). The two cost the same per step but the file's writes."""
+        layers = [("monitor", tuple(layer[1].get("info_keywords", ())), *layer[2:]) if layer[0] == "sb3_monitor"
+                  else layer for layer in self.layers]
+        return EnvFactory(self.base, layers, self.name)
+
     def __call__(self) -> gym.Env:
         kind = self.base[0]
         if kind == "make":
