@@ -586,8 +586,15 @@ def fit_overheads(prof: Profile, measured: Iterable[tuple[Config, float]], sweep
         if len(prof.node_cores) > 1:
             grids.update(_NODE_GRIDS)
     prior = {k: getattr(prof, k) for k in grids}
+    seen: dict[tuple[float, ...], float] = {}  # the descents revisit points (a grid's current value, the second order's start)
 
     def loss(p: Profile) -> float:
+        at = tuple(getattr(p, k) for k in grids)
+        if at not in seen:
+            seen[at] = _loss(p)
+        return seen[at]
+
+    def _loss(p: Profile) -> float:
         err = 0.0
         for c, v in pts:
             y = predict(c, p)
