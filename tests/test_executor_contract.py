@@ -333,3 +333,74 @@ def test_envpool_id_as_the_env_side(config):
     ref = go("serial", Config.serial(N))
     assert sum(len(r.final_observations) for r in ref) > 0  # episodes ended and were reset
     assert_same(go("shm", config), ref)
+
+
+# ------------------------------------------------------------- calls on the live envs
+def curriculum(backend, layouts, refuse=None):
+    """Collects with calls on the live envs between them, as a curriculum makes them, under
+    ``layouts`` (the first, then a reconfigure to each of the others): a level set on envs 1
+    and 3 before their first reset (they then move before it), a collect, reads, a level set
+    on env 0 (``set_attr``) and on envs 3 and 2 (negative indices), a reconfigure (the changed
+    envs move mid-episode), a collect, reads (one index repeated). ``refuse``: a layout tried
+    before the last collect, which must be refused (the executor goes on as it was).
+    Returns the rollouts and every call's answer."""
+    from auturi.executor.base import LostEnvChangesError
+    from tests.env_call_envs import LevelEnv
+
+    env_fn = functools.partial(LevelEnv)
+    with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=layouts[0], backend=backend,
+                       seed=3) as ex:
+        answers = [ex.env_method("set_level", 10, indices=[1, 3])]
+        ex.reconfigure(layouts[1])
+        got = [ex.collect(7)]
+        answers.append(ex.get_attr("steps"))
+        ex.set_attr("level", 20, indices=0)
+        answers.append(ex.env_method("set_level", 30, indices=[-1, 2]))
+        ex.reconfigure(layouts[2])
+        if refuse is not None:
+            with pytest.raises(LostEnvChangesError, match=r"would recreate env\(s\) \[0, 1, 2, 3\].*lose those "
+                                                          r"changes.*restarts the Ray actors") as info:
+                ex.reconfigure(refuse)
+            assert info.value.intact and ex.config == layouts[2]
+        got.append(ex.collect(6))
+        answers += [ex.get_attr("level"), ex.get_attr("steps", indices=[3, 0, 3])]
+    return got, answers
+
+
+@pytest.fixture(scope="module")
+def curriculum_reference():
+    got, answers = curriculum("serial", [Config.serial(N)] * 3)
+    assert answers == [[10, 10], [7] * 4, [30, 30], [20, 10, 30, 30], [13, 13, 13]]
+    # the levels reached the data: CountingEnv's own rewards are below 2
+    first, second = got[0].rewards, got[1].rewards
+    assert (first[:, [1, 3]] >= 10).all() and (first[:, [0, 2]] < 10).all()
+    assert (second[:, 0] >= 20).all() and (second[:, 1] < 20).all() and (second[:, 2:] >= 30).all()
+    return got, answers
+
+
+ENV_CALL_CASES = [
+    # the changed envs: from the caller to the caller and an env worker before their first
+    # reset, then into actor processes, env workers and replicas' layout
+    pytest.param("shm", (Config.serial(N), Config(1, 4, 2), HYBRID), id="shm-serial-D2-hybrid"),
+    # pickled (EXPORT) from actor processes before their first reset, then all back to the caller
+    pytest.param("shm", (Config(4, 1), Config(1, 4, 4), Config.serial(N)), id="shm-A4-D4-serial"),
+    pytest.param("serial", (HYBRID, Config(4, 1), Config.serial(N)), id="serial-hybrid-A4-serial"),
+]
+
+
+@pytest.mark.parametrize("backend,layouts", ENV_CALL_CASES, indirect=["backend"])
+def test_env_calls_between_collects_give_the_serial_rollout_and_answers(backend, layouts, curriculum_reference):
+    got, answers = curriculum(backend, layouts)
+    assert answers == curriculum_reference[1]
+    assert_same(got, curriculum_reference[0])
+
+
+@pytest.mark.parametrize("backend", ["ray"], indirect=True)
+def test_env_calls_on_ray_actors_give_the_serial_rollout_and_a_restart_that_would_lose_them_is_refused(
+        backend, curriculum_reference):
+    """Calls reach the envs inside each Ray actor's executor; a batch change keeps the Ray
+    actors (and their envs); a new actor count would restart them with new envs: refused."""
+    layouts = (Config(2, 2, 2, 1, "cpu", 1), Config(2, 2, 2, 1, "cpu", 2), Config(2, 2, 2, 1, "cpu", 1))
+    got, answers = curriculum(backend, layouts, refuse=Config(1, 4))
+    assert answers == curriculum_reference[1]
+    assert_same(got, curriculum_reference[0])

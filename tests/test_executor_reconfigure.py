@@ -128,8 +128,20 @@ def test_kept_processes_are_the_same_processes():
     assert (r2["kept"], r2["started"], r2["ended"], r2["moved"], r2["recreated"]) == (4, 2, 4, 8, 0)
 
 
-def test_envs_that_cannot_move_are_recreated_and_their_episodes_cut():
-    make = functools.partial(LockedEnv, max_len=50)
+class RebuiltEnv(CountingEnv):
+    """A CountingEnv whose pickle rebuilds it from its constructor, as gymnasium's MuJoCo and
+    ALE envs (``EzPickle``) do: a copy made mid-episode has lost the episode. Moved as a
+    pickle, its episode went on from another state without a reset (HalfCheetah-v5's
+    observations jumped by 5.7, 2026-11-26): the executor's probe finds that a copy steps
+    differently, and such envs are recreated, their episodes cut, as unpicklable ones."""
+
+    def __reduce__(self):
+        return (functools.partial(RebuiltEnv, max_len=self.max_len), ())
+
+
+@pytest.mark.parametrize("cls", [LockedEnv, RebuiltEnv])
+def test_envs_that_cannot_move_are_recreated_and_their_episodes_cut(cls):
+    make = functools.partial(cls, max_len=50)
     configs = [A, A.replace(env_parallel_degree=4)]
     got, (r,), movable = collect_all("shm", configs, make=make)
     assert not movable

@@ -2,8 +2,9 @@
 (2026-11-26; the findings and their repro scripts: /work/notes/sb3-findings.md):
 
 - a callback (or a loop between ``learn`` calls) that changes the envs through the model's
-  VecEnv (``env_method`` / ``set_attr``, a curriculum) changed envs nothing trains on: now an
-  error naming the fix; ``get_attr`` warns;
+  VecEnv (``env_method`` / ``set_attr``, a curriculum) changed envs nothing trains on, and
+  ``get_attr`` read them: the calls now reach the envs that train (the executor's
+  ``env_call``), with plain SB3's data;
 - an env id registered by the training script (``entry_point="__main__:MyEnv"``) failed in
   every worker process at the first collect;
 - ``VecCheckNan`` around the model's env was refused; it now raises (or warns) as in SB3;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -66,45 +68,128 @@ def ppo(env, **kw):
     return PPO("MlpPolicy", env, n_steps=N_STEPS, batch_size=2 * N_STEPS, n_epochs=1, seed=0, device="cpu", **kw)
 
 
-# ------------------------------------------------------------------ env_method / set_attr
-class SetLevelAtRolloutEnd(BaseCallback):
+# ------------------------------------------------------------------ env_method / set_attr / get_attr
+class Curriculum(BaseCallback):
+    """At each rollout's end: records the rollout's rewards, raises env 0's level
+    (``env_method``) and env 1's (``set_attr``), and reads them back (``get_attr``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewards: list[np.ndarray] = []
+        self.read: list[list] = []
+
     def _on_step(self) -> bool:
         return True
 
     def _on_rollout_end(self) -> None:
-        self.training_env.env_method("set_level", 3)
+        k = len(self.rewards) + 1
+        self.rewards.append(self.model.rollout_buffer.rewards.copy())
+        env = self.training_env  # through VecNormalize, when there is one
+        assert env.env_method("set_level", k, indices=[0]) == [None]
+        env.set_attr("level", 10 * k, indices=1)
+        self.read.append(env.get_attr("level") + env.get_attr("level", [1]))
 
 
-@pytest.mark.parametrize("vecnorm", [False, True])
-def test_calls_that_change_the_envs_raise_while_wrapped_and_pass_again_after_close(vecnorm):
-    """Plain SB3 trains at level 3 after the callback's ``env_method``; wrapped, the call
-    reached the model's own VecEnv, which is not stepped, and the learner kept getting level
-    0 rewards. It now raises, naming why and the fix; reads warn; ``close`` gives the VecEnv
-    its own calls back (the same object, nothing left on it)."""
+def curriculum_run(vecnorm: bool, config: auturi.Config | None) -> tuple[Curriculum, Any]:
     venv = DummyVecEnv([LevelEnv] * 2)
     model = ppo(VecNormalize(venv) if vecnorm else venv)
-    model = auturi.wrap(model, config=auturi.Config.serial(2))
+    if config is not None:
+        model = auturi.wrap(model, config=config)
+    cb = Curriculum()
     try:
-        with pytest.raises(AuturiError, match=r"env_method\('set_level'\) on the model's VecEnv cannot reach the "
-                                              r"envs that train.*model.auturi.close\(\)"):
-            model.learn(2 * N_STEPS, callback=SetLevelAtRolloutEnd())
-        env = model.get_env()  # VecNormalize passes the calls down to the guarded VecEnv
-        with pytest.raises(AuturiError, match=r"set_attr\('level'\)"):
-            env.set_attr("level", 3)
-        with pytest.warns(UserWarning, match=r"get_attr\('level'\) reads the model's own VecEnv"):
-            assert env.get_attr("level") == [0, 0]
-        assert venv.envs[0].level == 0  # nothing reached the model's envs either
+        model.learn(4 * N_STEPS * 2, callback=cb)
+        assert model.get_env().get_attr("level") == [4, 40]  # read after learn, between learns
+    finally:
+        if config is not None:
+            model.auturi.close()
+    return cb, venv
+
+
+@pytest.mark.parametrize("vecnorm,config", [(False, auturi.Config.serial(2)), (True, TWO_ACTORS)],
+                         ids=["serial", "vecnormalize-two_actors"])
+def test_a_curriculum_through_env_method_and_set_attr_trains_on_plain_sb3s_rewards(vecnorm, config):
+    """Plain SB3 trains at each level the callback sets; wrapped, the calls reached the
+    model's own VecEnv, which is not stepped, and the learner kept getting level 0 rewards
+    (2026-11-26; then an error). They now reach the envs that train, in this process or in
+    actor processes: every rollout's rewards (VecNormalize's normalised ones too) and every
+    read equal plain SB3's, bit for bit. ``close`` gives the VecEnv its own calls back."""
+    want, _ = curriculum_run(vecnorm, None)
+    got, venv = curriculum_run(vecnorm, config)
+    assert len(got.rewards) == len(want.rewards) == 4
+    for g, w in zip(got.rewards, want.rewards):
+        np.testing.assert_array_equal(g, w)
+    assert got.read == want.read == [[k, 10 * k, 10 * k] for k in (1, 2, 3, 4)]
+    assert (want.rewards[-1][:, 1] != 0).all()  # the levels reached the rewards
+    assert not {"env_method", "set_attr", "get_attr"} & set(vars(venv))
+    assert venv.get_attr("level") == [0, 0]  # the model's own envs were not stepped, nor changed
+
+
+class ClockEnv(gym.Env):
+    """Observations that do not depend on the actions (or the seed): a wrapper's running
+    statistics of them are the same whatever the policy did."""
+
+    observation_space = gym.spaces.Box(-10, 10, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0, 1.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t * 0.5, 1.0], np.float32), 0.0, self.t >= 5, False, {}
+
+
+def test_get_attr_reads_a_wrappers_statistics_from_the_envs_that_train():
+    """gymnasium's NormalizeObservation as ``wrapper_class``: its ``obs_rms`` (what evaluation
+    or deployment needs) read through the model's env equals plain SB3's after learn, bit for
+    bit (it was the unstepped copy's: a count of 1, 2026-11-26)."""
+    def stats(wrap_config):
+        venv = make_vec_env(ClockEnv, 2, wrapper_class=gym.wrappers.NormalizeObservation)
+        model = ppo(venv)
+        if wrap_config is not None:
+            model = auturi.wrap(model, config=wrap_config)
+        try:
+            model.learn(3 * N_STEPS * 2)
+            return [(r.count, r.mean.copy(), r.var.copy()) for r in model.get_env().get_attr("obs_rms")]
+        finally:
+            if wrap_config is not None:
+                model.auturi.close()
+
+    want, got = stats(None), stats(TWO_ACTORS)  # in actor processes: the statistics come back pickled
+    assert want[0][0] > 3 * N_STEPS
+    for (gc, gm, gv), (wc, wm, wv) in zip(got, want):
+        assert gc == wc
+        np.testing.assert_array_equal(gm, wm)
+        np.testing.assert_array_equal(gv, wv)
+
+
+def test_env_calls_while_wrapped_keep_sb3s_errors_and_a_call_from_on_step_is_told_it_lands_later():
+    """A missing attribute is an AttributeError, as from SB3's envs (``VecEnv.has_attr``
+    relies on it), naming the env; an env's own exception names the env and the call (the
+    first of ``indices`` that raised, although both actors' envs raised); a
+    call from ``on_step`` (the replay of a collect that already ran) is told that it lands
+    a rollout later than in plain SB3."""
+    model = auturi.wrap(ppo(DummyVecEnv([LevelEnv] * 2)), config=TWO_ACTORS)
+    try:
+        env = model.get_env()
+        assert env.has_attr("level") and not env.has_attr("no_such_thing")
+        with pytest.raises(AttributeError, match=r"env 1: get_attr\('no_such_thing'\) raised AttributeError"):
+            env.get_attr("no_such_thing", indices=[1])
+        with pytest.raises(AuturiError, match=r"env 0: env_method\('set_level'\) raised TypeError"):
+            env.env_method("set_level")  # a missing argument
+
+        class OnStep(BaseCallback):
+            def _on_step(self) -> bool:
+                self.training_env.env_method("set_level", 2)
+                return True
+
+        with pytest.warns(UserWarning, match=r"env_method\('set_level'\) from a callback's on_step reaches the envs "
+                                             r"after the whole collect"):
+            model.learn(2 * N_STEPS * 2, callback=OnStep())
     finally:
         model.auturi.close()
-    assert not {"env_method", "set_attr", "get_attr"} & set(vars(venv))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model.get_env().env_method("set_level", 3)
-        assert model.get_env().get_attr("level") == [3, 3]
-    # Plain SB3 again (after close): its loop steps these envs, at the level just set.
-    model.learn(N_STEPS * 2)
-    got = model.get_vec_normalize_env().get_original_reward() if vecnorm else model.rollout_buffer.rewards
-    assert np.all(got == 3.0)
 
 
 def test_a_vec_env_reused_after_its_model_was_dropped_without_close_works_and_wraps_again():
@@ -141,7 +226,7 @@ def test_a_wrapped_models_env_still_pickles_and_the_model_says_why_it_does_not()
     """The guard must not make the VecEnv unpicklable (a closure did); a copy has the VecEnv's
     own calls. Pickling the wrapped model failed on the executor's semaphores with "Semaphore
     objects should only be shared between processes through inheritance": now the error says
-    to ``model.save`` or close first. ``get_attr`` with positional indices still works."""
+    to ``model.save`` or close first. ``get_attr`` with positional indices is forwarded too."""
     import pickle
 
     model = auturi.wrap(ppo(DummyVecEnv([LevelEnv] * 2)), config=auturi.Config.serial(2))
@@ -149,8 +234,8 @@ def test_a_wrapped_models_env_still_pickles_and_the_model_says_why_it_does_not()
         copy = pickle.loads(pickle.dumps(model.env))
         copy.env_method("set_level", 4, indices=[1])
         assert copy.get_attr("level") == [0, 4]
-        with pytest.warns(UserWarning, match="reads the model's own VecEnv"):
-            assert model.env.get_attr("level", [1]) == [0]
+        model.env.env_method("set_level", 5, indices=[1])  # reaches the executor's envs, not the copy's
+        assert model.env.get_attr("level", [1]) == [5] and copy.get_attr("level") == [0, 4]
         with pytest.raises(TypeError, match=r"cannot be pickled.*model.save\(path\).*model.auturi.close\(\)"):
             pickle.dumps(model)
     finally:
@@ -419,3 +504,30 @@ def test_the_tuners_timing_writes_no_episode_into_the_users_monitor_files(tmp_pa
         model.env.close()
     written = sorted(int(x) for x in load_results(str(tmp_path))["l"])
     assert seen.lengths and written == sorted(seen.lengths)
+
+
+def test_monitors_getters_reach_the_envs_that_train():
+    """``env_method("get_episode_lengths")`` (SB3's ``Monitor`` getters) answers from the envs
+    that train: each env's list holds the episodes the learner saw from it, in order."""
+
+    class PerEnv(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.lengths: list[list[int]] = [[], []]
+
+        def _on_step(self) -> bool:
+            for i, info in enumerate(self.locals["infos"]):
+                if "episode" in info:
+                    self.lengths[i].append(int(info["episode"]["l"]))
+            return True
+
+    model = auturi.wrap(ppo(make_vec_env("CartPole-v1", 2, seed=0)), config=TWO_ACTORS)
+    try:
+        seen = PerEnv()
+        model.learn(N_STEPS * 2 * 10, callback=seen)
+        env = model.get_env()
+        assert env.env_method("get_episode_lengths") == seen.lengths and all(seen.lengths)
+        assert env.env_method("get_total_steps") == [N_STEPS * 10] * 2
+        assert env.env_method("get_episode_rewards", indices=[1]) == [[float(x) for x in seen.lengths[1]]]
+    finally:
+        model.auturi.close()

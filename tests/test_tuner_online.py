@@ -147,13 +147,20 @@ def test_online_rejects_bad_settings():
         OnlineTuner(ex, "grid", budget_trials=0, cache=False)
 
 
-def test_a_config_the_executor_refuses_is_skipped_online():
+@pytest.mark.parametrize("refusal", ["config", "lost_changes"])
+def test_a_config_the_executor_refuses_is_skipped_online(refusal):
+    """A layout the executor refuses before changing anything is an invalid trial and the
+    search goes on: a config this machine cannot run, or a move that would recreate envs a
+    curriculum changed through ``env_method`` (it failed the training's ``learn`` before)."""
     from auturi import ConfigError
+    from auturi.errors import LostEnvChangesError
 
     class Picky(FakeExecutor):
         def reconfigure(self, config):
             if config == FAST:
-                raise ConfigError("num_actors", 2, "not on this machine")
+                if refusal == "config":
+                    raise ConfigError("num_actors", 2, "not on this machine")
+                raise LostEnvChangesError([3], "this env does not move with its state")
             return super().reconfigure(config)
 
     ex = Picky(N, speeds, noise=0.01)
@@ -164,6 +171,23 @@ def test_a_config_the_executor_refuses_is_skipped_online():
     assert [t.status for t in online.history].count("invalid") == 1
     assert online.history[1].config == FAST and online.history[1].status == "invalid"
     assert online.phase == "locked" and online.locked_config != FAST
+
+
+def test_a_move_that_lost_changes_midway_ends_the_run_with_the_error():
+    """Found during the move (an env stopped pickling while it stepped), the executor has
+    closed: the error reaches the caller, nothing is retried on a closed executor."""
+    from auturi.errors import LostEnvChangesError
+
+    class Broken(FakeExecutor):
+        def reconfigure(self, config):
+            if config == FAST:
+                raise LostEnvChangesError([3], "its pickle failed during the move", intact=False)
+            return super().reconfigure(config)
+
+    online = grid_online(Broken(N, speeds, noise=0.01), budget_trials=4)
+    with pytest.raises(LostEnvChangesError, match=r"env\(s\) \[3\]"):
+        for _ in range(40):
+            online.collect(16)
 
 
 def test_search_share_bounds_what_the_search_costs_and_the_search_still_finishes():

@@ -157,3 +157,27 @@ def env_check_message(traceback: str) -> str:
 
 def _indent(text: str) -> str:
     return "".join("    " + line + "\n" for line in text.rstrip().splitlines())
+
+
+class LostEnvChangesError(AuturiError):
+    """A reconfigure would recreate envs (``envs``, global indices) that ``env_method`` or
+    ``set_attr`` changed, losing the change. ``intact``: raised before the reconfigure changed
+    anything (the executor goes on in its layout; a tuner may treat the layout as unavailable);
+    False: found during the move, and the executor closed."""
+
+    def __init__(self, envs: list[int], why: str, intact: bool = True):
+        self.envs, self.intact = list(envs), intact
+        super().__init__(f"this reconfigure would recreate env(s) {self.envs}, which env_method/set_attr calls "
+                         f"changed, and lose those changes: {why}. Make the env picklable (cloudpickle) so it moves "
+                         f"with its state, or keep this layout (auturi.wrap(..., config=...) fixes one), or make the "
+                         f"change part of how the env is built (its constructor's kwargs)")
+
+    def __reduce__(self) -> tuple:
+        return (_lost_changes, (self.envs, self.args[0], self.intact))
+
+
+def _lost_changes(envs: list[int], message: str, intact: bool) -> LostEnvChangesError:
+    err = LostEnvChangesError.__new__(LostEnvChangesError)
+    AuturiError.__init__(err, message)
+    err.envs, err.intact = envs, intact
+    return err

@@ -6,15 +6,18 @@ space, the command line and the Ray backend.
 One definition for every module that needs them (the ``shm`` backend's pins and policy
 threads, the Ray backend's local instance size, the tuner's space, profile and cache key):
 "usable" means this process's affinity mask, not the machine's core count, so a job started
-under ``taskset`` or a container CPU set plans for the cores it really has.
+under ``taskset`` or a container CPU set plans for the cores it really has; and no more than its
+cgroup's CPU quota allows (:func:`cpu_quota`: ``docker run --cpus=4``, a Kubernetes CPU limit),
+where the mask still lists every core of the host.
 
 Example:
     >>> from auturi.resources import usable_cores, usable_cores_set
-    >>> usable_cores() == len(usable_cores_set()) >= 1
+    >>> 1 <= usable_cores() <= len(usable_cores_set())
     True
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -31,8 +34,76 @@ def usable_cores_set() -> set[int]:
 
 
 def usable_cores() -> int:
-    """How many cores this process may run on (see :func:`usable_cores_set`)."""
-    return len(usable_cores_set())
+    """How many cores' worth of time this process may use: its affinity mask's cores
+    (:func:`usable_cores_set`), capped by its cgroup's CPU quota rounded up (:func:`cpu_quota`).
+    A container limited to 4 CPUs on a 64-core host sees all 64 in its mask; planning for them
+    gave each CPU replica ~60 torch threads and the tuner a space of hundreds of processes, all
+    throttled to 4 cores' time."""
+    cores = len(usable_cores_set())
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota - 1e-9)))
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time this process's cgroup (or one above it) may use per period, the
+    smallest such quota: cgroup v2's ``cpu.max``, v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``;
+    None without a limit, off Linux, or where the files cannot be read.
+
+    Each file is looked for at the cgroup's path under ``root`` and above it, up to ``root``
+    itself: inside a container the path ``proc_cgroup`` names is often the host's, while its
+    own cgroup is mounted at ``root``.
+
+    >>> import pathlib, tempfile
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "cpu.max").write_text("250000 100000\\n"); _ = (d / "cgroup").write_text("0::/\\n")
+    >>> cpu_quota(str(d), str(d / "cgroup"))
+    2.5
+    """
+    try:
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2 (the unified hierarchy)
+            dirs, files = [root], ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # cgroup v1's cpu controller, mounted under its own name(s)
+            dirs = [os.path.join(root, name) for name in (controllers, "cpu", "cpu,cpuacct")]
+            files = ("cpu.cfs_quota_us",)
+        else:
+            continue
+        for base in dict.fromkeys(dirs):
+            rel = path.strip("/")
+            while True:
+                q = _read_quota(os.path.join(base, rel) if rel else base, files[0])
+                if q is not None:
+                    found.append(q)
+                if not rel:
+                    break
+                rel = os.path.dirname(rel)
+    return min(found) if found else None
+
+
+def _read_quota(folder: str, name: str) -> float | None:
+    """The quota in CPUs that ``folder/name`` sets (None: no limit, or no such file)."""
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            text = f.read().split()
+        if name == "cpu.max":  # "max 100000" or "QUOTA PERIOD"
+            quota, period = text[0], (text[1] if len(text) > 1 else "100000")
+        else:
+            with open(os.path.join(folder, "cpu.cfs_period_us"), encoding="utf-8") as f:
+                quota, period = text[0], f.read().strip()
+        if quota == "max" or int(quota) <= 0 or int(period) <= 0:  # v1 writes -1 for no limit
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _emulated_cuda: int | None = None

@@ -2,11 +2,16 @@
 resolution, probing, the rollout arrays, per-env noise and building the :class:`Rollout`.
 
 The contract has two halves: the faces' (``collect``, ``reconfigure``, ``set_policy_state``,
-``close``) and the tuner's (``move_cost``, ``prepare``, ``warming``; written down in
+``close``, and the calls on the live envs ``env_method``, ``get_attr``, ``set_attr``,
+``env_call``) and the tuner's (``move_cost``, ``prepare``, ``warming``; written down in
 :mod:`auturi.executor.contract` as :class:`~auturi.executor.contract.ExecutorLike`). A
 backend implements the first through ``_apply_config``, ``_run_actors`` and the other
 abstract methods, and answers the second through the hooks ``_processes_started``,
 ``_cold_servers`` and ``_warm_for`` (defaults: the ``shm`` plans' diff, nothing to warm).
+
+Over 400 lines: :class:`Executor` is what every backend inherits, the contract's public
+methods (the env calls among them, with their argument handling and refusals) written once
+over the backends' hooks; splitting it would make each backend import two halves of one class.
 
 Example:
     >>> import auturi
@@ -22,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import copy as copy_module
 import math
 import os
 import time
@@ -31,9 +37,10 @@ import numpy as np
 
 from auturi.config import DEVICE_PATTERN, Config, total_envs_error
 from auturi.envs import EnvLike, resolve_env_fns
-from auturi.errors import AuturiError
+from auturi.errors import AuturiError, LostEnvChangesError
 from auturi.executor.buffers import ArrayBlock
 from auturi.executor.contract import MoveCost, started_devices
+from auturi.executor.env_runner import ENV_CALL_KINDS, EnvCall, EnvCallError, no_env_objects_message
 from auturi.executor.layout import LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.noise import NoiseStreams
 from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
@@ -78,7 +85,8 @@ def given_num_envs(num_envs: int | None, config: Config | None) -> int | None:
 class Executor(abc.ABC):
     """Runs collection under a :class:`Config`; the data never depends on the config.
 
-    Subclasses provide ``_apply_config``, ``_run_actors`` and ``_close_workers``.
+    Subclasses provide ``_apply_config``, ``_run_actors``, ``_close_workers`` and
+    ``_call_envs`` (with ``_refuse_lost_changes`` where a reconfigure may recreate envs).
 
     ``worker_timeout`` (seconds; ``None``: ``AUTURI_WORKER_TIMEOUT`` or 60 s, see
     :data:`WORKER_TIMEOUT`; ``math.inf``: never) bounds one env's silence: how long a worker
@@ -118,6 +126,22 @@ class Executor(abc.ABC):
     actors=2 x envs=2 | env_degree=1 | policies=1@cpu batch=1
     >>> all(np.array_equal(serial.arrays()[k], split.arrays()[k]) for k in serial.arrays())
     True
+
+    Calls on the live envs (:meth:`env_method`, :meth:`get_attr`, :meth:`set_attr`, SB3's
+    VecEnv signatures; :meth:`env_call` underneath) run between collects on the envs that
+    train, wherever they are (the caller's process, actor processes, env workers, Ray actors),
+    and answer in the order of ``indices``, the same in every layout. A change they make
+    travels with its env through every reconfigure; where it could not (an env that cannot be
+    pickled or whose pickle drops the change, Ray actors that restart) the reconfigure is refused with an
+    :class:`~auturi.AuturiError` rather than drop it. Vector-env sources (EnvPool, ale-py's
+    ``AtariVectorEnv``) have no Python object per env: these calls raise there.
+
+    >>> with auturi.make_executor(CountingEnv, policy, num_envs=4, backend="serial", config=two_actors) as ex:
+    ...     ex.set_attr("max_len", 5, indices=[0, 1])
+    ...     ex.get_attr("max_len")
+    ...     ex.env_method("get_wrapper_attr", "max_len", indices=-1)
+    [5, 5, 12, 12]
+    [12]
     """
 
     backend = "base"
@@ -144,11 +168,14 @@ class Executor(abc.ABC):
         self.last_reconfigure: dict[str, float] = dict(_NOTHING_DONE)
         self._counts: dict[str, int] = {}
         self._applying: Config | None = None
+        self._touched: set[int] = set()  # envs a call may have changed (env_method, set_attr): see env_call
+        self._pinned: set[int] = set()  # of those, envs whose pickle drops the change (EnvRunner.travel_checks)
+        self._busy: str | None = None  # the collect, reconfigure or env call running (env calls wait for none)
         probe_env = self.env_fns[0]()
         try:
             obs = probe_reset(probe_env, self.seed)
             self.spec: WorkloadSpec = probe_spec(probe_env.observation_space, probe_env.action_space, policy, obs)
-            self.envs_movable = _round_trips(probe_env)
+            self.envs_movable = _round_trips(probe_env, self.seed)
         finally:
             probe_env.close()
         self.reconfigure(config or Config.serial(self.num_envs))
@@ -172,20 +199,32 @@ class Executor(abc.ABC):
         bundle (a batch change) and moves envs live inside them, else restarts them with new
         envs. ``last_reconfigure`` reports
         ``{"seconds", "kept", "started", "ended", "moved", "recreated"}``: worker processes
-        kept, started and ended, envs moved to another process, envs recreated."""
+        kept, started and ended, envs moved to another process, envs recreated.
+
+        An env that a call changed (:meth:`env_method`, :meth:`set_attr`) keeps the change
+        wherever it moves; a reconfigure that would recreate such an env (it cannot be pickled,
+        its pickle does not keep the change, checked after each such call, or Ray actors
+        restart) raises :class:`~auturi.AuturiError` naming the envs, before
+        anything changes where that is known beforehand (the executor stays as it was), else
+        as it finds out (the executor closes): :class:`LostEnvChangesError` (``intact`` says which)."""
         self._check_open()
         self.validate(config)
         if config == self._config:
             self.last_reconfigure_seconds = 0.0
             self.last_reconfigure = dict(_NOTHING_DONE)
             return 0.0
+        if self._touched and self._config is not None:
+            self._refuse_lost_changes(config)
         t0 = time.perf_counter()
         self._counts = {}
+        self._busy = "a reconfigure"
         try:
             self._apply_config(config)
         except BaseException:
             self.close()
             raise
+        finally:
+            self._busy = None
         self._config = config
         self.last_reconfigure_seconds = time.perf_counter() - t0
         self.last_reconfigure = {**_NOTHING_DONE, **self._counts, "seconds": self.last_reconfigure_seconds}
@@ -205,6 +244,7 @@ class Executor(abc.ABC):
         if not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps must be an integer >= 1, got {num_steps!r}")
         t0 = time.perf_counter()
+        self._busy = "a collect"
         try:
             self._prepare(num_steps)
             env_s, pol_s, wait_s = self._run_actors(num_steps)
@@ -212,6 +252,8 @@ class Executor(abc.ABC):
         except BaseException:
             self.close()
             raise
+        finally:
+            self._busy = None
         self._steps_done += num_steps
         rollout = self._build_rollout(finals)
         rollout.stats = CollectStats(num_steps * self.num_envs, time.perf_counter() - t0, env_s, pol_s, wait_s)
@@ -229,6 +271,90 @@ class Executor(abc.ABC):
         # grad, .cpu() a no-op for one on the CPU (its .numpy() a view, copied when published).
         self._publish_weights({k: v.detach().cpu().numpy() if hasattr(v, "detach") and hasattr(v, "cpu")
                                else np.asarray(v) for k, v in state.items()}, self._weights_version)
+
+    # ------------------------------------------------- contract: calls on the live envs
+    def env_method(self, method_name: str, *method_args: Any, indices: Any = None, **method_kwargs: Any) -> list:
+        """Call ``method_name(*method_args, **method_kwargs)`` on the envs ``indices`` (None:
+        all; an int; a list), looked up through gymnasium wrappers as SB3's ``DummyVecEnv``
+        does; returns the results in the order of ``indices``. See :meth:`env_call`."""
+        return self.env_call("method", method_name, method_args, method_kwargs, indices)
+
+    def get_attr(self, attr_name: str, indices: Any = None) -> list:
+        """Attribute ``attr_name`` of the envs ``indices`` (through gymnasium wrappers, as
+        ``DummyVecEnv``), in the order of ``indices``. See :meth:`env_call`."""
+        return self.env_call("get", attr_name, indices=indices)
+
+    def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
+        """Set attribute ``attr_name`` to ``value`` on the envs ``indices`` (on each env
+        object itself, its outermost wrapper: ``setattr``, as ``DummyVecEnv``). See
+        :meth:`env_call`."""
+        self.env_call("set", attr_name, (value,), indices=indices)
+
+    def env_call(self, kind: str, name: str, args: tuple = (), kwargs: Mapping[str, Any] | None = None,
+                 indices: Any = None) -> list:
+        """One call on the live envs, the same in every backend and layout: ``kind``
+        ``"method"`` (call ``name(*args, **kwargs)``), ``"get"`` (read attribute ``name``) or
+        ``"set"`` (set it to ``args[0]``), on envs ``indices`` (None: every env; an int; a list
+        of ints, negative ones counting from the end, repeats allowed: SB3's ``indices``);
+        returns one result per index, in their order (``None`` for ``"set"``).
+
+        It runs on the envs that train, wherever they are: the caller's own runner, an actor
+        process's share, env worker processes (the request and the answer travel pickled over
+        each worker's pipe), Ray actors. Only between collects: while a collect or reconfigure
+        runs (another thread) it raises :class:`~auturi.AuturiError`. An env that raises
+        comes back as :class:`~auturi.executor.env_runner.EnvCallError` naming the env and the
+        call, the env's exception as its cause (the first env in ``indices`` order that raised;
+        envs in other processes may have run the call meanwhile); the executor stays usable. A
+        ``"method"`` or ``"set"`` call marks its envs as changed: they keep the change through
+        every reconfigure (see :meth:`reconfigure`). Arguments and results travel pickled
+        (cloudpickle) to and from envs in other processes: a result that cannot be pickled is
+        an :class:`~auturi.AuturiError` there (in the caller's process it is returned as it is,
+        as SB3's ``DummyVecEnv`` returns it). Vector-env sources (EnvPool, ale-py's
+        ``AtariVectorEnv``) have no Python object per env: :class:`~auturi.AuturiError`."""
+        self._check_open()
+        if kind not in ENV_CALL_KINDS:
+            raise ValueError(f"kind must be one of {ENV_CALL_KINDS}, got {kind!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"the method or attribute name must be a str, got {type(name).__name__}")
+        ids = self._env_indices(indices)
+        results = self.run_env_call(EnvCall(kind, name, tuple(args), dict(kwargs or {}), tuple(ids)))
+        return [results[p] for p in range(len(ids))]
+
+    def run_env_call(self, call: EnvCall) -> dict[int, Any]:
+        """Run ``call`` (its ``ids``: this executor's local env indices) and return position
+        in ``call.ids`` -> result: :meth:`env_call` without the argument handling, the entry
+        a Ray actor runs its share of a call through."""
+        self._check_open()
+        if self._busy is not None:
+            raise AuturiError(f"{call.describe()} while {self._busy} is running (from another thread): the envs are "
+                              f"mid-step; call it between collects, once collect() has returned")
+        source = self.env_fns[0]
+        if getattr(source, "make_runner", None) is not None:
+            raise AuturiError(no_env_objects_message(source))
+        if call.changes:
+            self._touched.update(call.ids)  # before the call: an env changed before another raised is changed too
+        self._busy = call.describe()
+        try:
+            return self._call_envs(call)
+        finally:
+            self._busy = None
+
+    def _env_indices(self, indices: Any) -> list[int]:
+        """SB3's ``indices`` (None, an int, an iterable of ints; negative ones count from the
+        end, as a list's) as local env indices."""
+        n = self.num_envs
+        if indices is None:
+            return list(range(n))
+        if isinstance(indices, (int, np.integer)):
+            indices = [indices]
+        out = []
+        for i in indices:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                raise TypeError(f"env indices must be ints, got {i!r}")
+            if not -n <= int(i) < n:
+                raise IndexError(f"env index {int(i)} is out of range: this executor has {n} envs (0..{n - 1})")
+            out.append(int(i) % n)
+        return out
 
     def close(self) -> None:
         """End every worker and free every buffer. Idempotent."""
@@ -336,6 +462,17 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def _close_workers(self) -> None: ...
 
+    def _call_envs(self, call: EnvCall) -> dict[int, Any]:
+        """Run ``call`` on the live envs wherever they are; position in ``call.ids`` -> result.
+        Raise the :class:`EnvCallError` of the first position whose env raised, once every
+        process asked has answered."""
+        raise NotImplementedError(f"the {self.backend} backend does not run env calls")
+
+    def _refuse_lost_changes(self, config: Config) -> None:
+        """Raise :class:`AuturiError` (changing nothing) if a reconfigure to ``config`` would
+        recreate an env a call changed (``_touched``), where that is known beforehand
+        (default: never; ``serial`` never moves an env)."""
+
     _shared_buffers = False
 
     def _on_new_block(self) -> None:
@@ -387,23 +524,82 @@ class Executor(abc.ABC):
         )
 
 
+def first_error(call: EnvCall, errors: list[BaseException], offset: int = 0) -> BaseException:
+    """Of the errors several processes answered ``call`` with, the one a serial loop would
+    have raised: the env that comes first in ``call.ids`` (``offset``: the executor's
+    ``env_id_offset``, as :class:`EnvCallError` names global envs)."""
+    order = {i: p for p, i in reversed(list(enumerate(call.ids)))}
+
+    def position(e: BaseException) -> int:
+        return order.get(e.env_id - offset, len(order)) if isinstance(e, EnvCallError) else -1
+
+    return min(errors, key=position)
+
+
+def lost_changes_error(envs: list[int], why: str, intact: bool = True) -> LostEnvChangesError:
+    """The error of a reconfigure that would recreate envs a call changed."""
+    return LostEnvChangesError(envs, why, intact)
+
+
 _NOTHING_DONE = {"seconds": 0.0, "kept": 0, "started": 0, "ended": 0, "moved": 0, "recreated": 0}
 
 
-def _round_trips(env: Any) -> bool:
-    """Whether a live env survives a cloudpickle round trip (tried once, on the probe env
-    after its reset): then a reconfigure moves envs mid-episode instead of recreating them."""
+PROBE_STEPS = 1
+"""Steps :func:`_round_trips` takes before the copy (so its state is past the reset) and after
+it (compared), on the probe env that is closed afterwards: one each, so an env whose step is
+slow (a remote simulator) costs two steps at start, and test envs that fault at a later step
+do not fault here."""
+
+
+def _round_trips(env: Any, seed: int = 0) -> bool:
+    """Whether a live env survives a cloudpickle round trip *with its state* (tried once, on
+    the probe env after its reset): then a reconfigure moves envs mid-episode instead of
+    recreating them. The copy must step exactly as the env does for the same action:
+    gymnasium's MuJoCo envs (``EzPickle``) pickle as their constructor's arguments, and a
+    copy made mid-episode starts from the initial pose, not the env's; moved that way, an
+    episode jumped to another state without a reset (HalfCheetah-v5: observations 5.7 apart,
+    found 2026-11-26). Such an env is recreated instead: its episode restarts, as any env's
+    that cannot be pickled. An env that fails here is not movable; its first collect says why."""
     import cloudpickle
 
     try:
-        copy = cloudpickle.loads(cloudpickle.dumps(env))
+        space = copy_module.deepcopy(env.action_space)
+        space.seed(seed)
+        actions = [space.sample() for _ in range(2 * PROBE_STEPS)]
+        for a in actions[:PROBE_STEPS]:
+            out = env.step(a)
+            if out[2] or out[3]:
+                env.reset(seed=seed + 1)
+        twin = cloudpickle.loads(cloudpickle.dumps(env))
     except Exception:
         return False
     try:
-        copy.close()
-    except Exception:
-        pass
-    return True
+        for a in actions[PROBE_STEPS:]:
+            mine, theirs = env.step(a), twin.step(a)
+            if not _same(tuple(mine[:4]), tuple(theirs[:4])):
+                return False
+            if mine[2] or mine[3]:
+                break
+        return True
+    except Exception:  # a copy that cannot step is no copy
+        return False
+    finally:
+        try:
+            twin.close()
+        except Exception:
+            pass
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality of two step results (observations nested in dicts and tuples, NaN equal to NaN)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    x, y = np.asarray(a), np.asarray(b)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    return bool(np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"))
 
 
 def _check_policy(policy: Any) -> None:

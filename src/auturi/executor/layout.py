@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Union
 
 from auturi.config import Config
-from auturi.resources import usable_cores_set
+from auturi.resources import usable_cores, usable_cores_set
 
 if TYPE_CHECKING:
     from auturi.resources import ClusterResources
@@ -321,8 +321,10 @@ def _host(kind: str, name: str, config: Config, a: int, threads: int | None,
                        cpus=cpus)
 
 
-def _shm_plan(config: Config, cores: tuple[int, ...]) -> LayoutPlan:
-    threads = policy_threads(config, len(cores))
+def _shm_plan(config: Config, cores: tuple[int, ...], count: int | None = None) -> LayoutPlan:
+    """``cores``: the ids processes are pinned to; ``count``: how many cores' worth of time
+    they share (default: as many as ``cores``; fewer under a cgroup CPU quota)."""
+    threads = policy_threads(config, len(cores) if count is None else count)
     if config.num_actors == 1:
         main = _host("main", MAIN, config, 0, None, (cores[0],) if config.env_parallel_degree > 1 else ())
         return LayoutPlan(config, "shm", cores, main, (_actor_plan(config, 0, main, cores, 0, threads, "actor 0"),))
@@ -386,7 +388,9 @@ def plan_layout(config: Config, cores: Cores = None, cluster: "ClusterResources 
     own = tuple(sorted(set(usable_cores_set() if cores is None else cores)))
     if not own:
         raise ValueError("cores is empty: pass the core ids this process may use, or None for its affinity")
-    return _shm_plan(config, own)
+    # Read from the machine: the replicas' threads share what a cgroup's CPU quota allows,
+    # not every core of the affinity mask (a container's mask lists the host's).
+    return _shm_plan(config, own, usable_cores() if cores is None else None)
 
 
 def ray_actor_cores(wheres: Mapping[int, Mapping[str, Any]], cpus: int) -> dict[int, list[int] | None]:

@@ -13,6 +13,9 @@ allowed ``max(worker_timeout, 60)`` seconds (a simulator's launch). What it cann
 C code that never returns to Python (see :class:`CallerWatchdog`); such envs belong in env
 workers (``Config(env_parallel_degree=...)``), where the stuck process is ended.
 
+Env calls (``env_method``, ``get_attr``, ``set_attr``) run on the one runner here; no
+reconfigure moves an env, so what they change stays.
+
 ``check_finite`` (an executor attribute, off by default): NaN or inf in an observation or a
 reward is an :class:`~auturi.EnvCheckError` (see :class:`EnvRunner`).
 """
@@ -50,6 +53,7 @@ class SerialExecutor(Executor):
         if self._envs is None:
             self._envs = make_env_runner(range(self.num_envs), self.env_fns, self.seed, id_offset=self.env_id_offset,
                                          check_finite=getattr(self, "check_finite", False))
+            self._envs.check_travel = False  # no env ever moves here: no pickle round trip after env calls
             self._policy = PolicyRunner(self.policy)
             self.policy.to(config.policy_device)
         elif config.policy_device != (self._config.policy_device if self._config else "cpu"):
@@ -97,6 +101,11 @@ class SerialExecutor(Executor):
 
     def _publish_weights(self, state: dict[str, np.ndarray], version: int) -> None:
         self.policy.load_state(state)
+
+    def _call_envs(self, call):
+        """Every env is in this process's one runner: the call runs there, in ``call.ids`` order."""
+        assert self._envs is not None
+        return self._envs.call(call)
 
     def _close_workers(self) -> None:
         if self._watchdog is not None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from auturi.config import Config
-from auturi.errors import AuturiError, ConfigError
+from auturi.errors import AuturiError, ConfigError, LostEnvChangesError
 from auturi.executor.contract import as_executor_like
 from auturi.tuner import online_search, payback
 from auturi.tuner.measure import Trial, TrialRecorder, throughput_of
@@ -464,7 +464,11 @@ class OnlineTuner(_Session):
                 trial.reconfigure_seconds, trial.reconfigure = self._reconfigure(config)
                 if source in SEARCH_SOURCES:
                     self.moves.trial_cost += trial.reconfigure_seconds
-            except ConfigError as e:
+            except (ConfigError, LostEnvChangesError) as e:
+                # A layout that would recreate envs a callback changed (env_method, set_attr)
+                # is one this run cannot have; the executor refused it before changing anything.
+                if isinstance(e, LostEnvChangesError) and not e.intact:
+                    raise
                 trial.status, trial.error, trial.exception = "invalid", str(e), e
                 self._record_trial(trial)
                 self._emit("trial_end", trial, None, str(trial))

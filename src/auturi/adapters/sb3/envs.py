@@ -66,6 +66,19 @@ class EpisodeMonitor(gym.Wrapper):
         self.total_steps += 1
         return obs, reward, terminated, truncated, info
 
+    # Monitor's getters, for env_method("get_episode_rewards") on a wrapped model's VecEnv.
+    def get_total_steps(self) -> int:
+        return self.total_steps
+
+    def get_episode_rewards(self) -> list[float]:
+        return self.episode_returns
+
+    def get_episode_lengths(self) -> list[int]:
+        return self.episode_lengths
+
+    def get_episode_times(self) -> list[float]:
+        return self.episode_times
+
 
 class FrameStack(gym.Wrapper):
     """SB3's ``VecFrameStack`` for one env, same layout: ``n_stack`` frames concatenated on

@@ -2,9 +2,12 @@
 :class:`~auturi.adapters.common.FaceHandle`: it ships the weights (and VecNormalize
 statistics) before each collect, tells the tuner how much of ``learn()`` is left, logs the
 collect to SB3's logger, draws SB3's progress bar where each replay left it
-(:meth:`SB3Handle.hold_progress`), and on ``close()`` gives the model back to SB3."""
+(:meth:`SB3Handle.hold_progress`), and on ``close()`` gives the model back to SB3. It also
+forwards the model's VecEnv calls (``env_method``, ``set_attr``, ``get_attr``) to the envs that
+train (:class:`_EnvCallGuard`). A little over 400 lines: these are all ``model.auturi``'s."""
 from __future__ import annotations
 
+import sys
 import warnings
 import weakref
 from typing import Any
@@ -14,21 +17,12 @@ import numpy as np
 
 from auturi.adapters.common import Collector, FaceHandle, remaining_collects
 from auturi.errors import AuturiError
+from auturi.executor.env_runner import EnvCallError
 
 
 PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")
 """What ``wrap_sb3`` sets on the model instance and :meth:`SB3Handle.close` removes (as
 ``unwrap_sb3`` does); never saved with the model."""
-
-
-def env_call_message(call: str) -> str:
-    """Why a call that changes the model's envs is refused while the model is wrapped, and the fix."""
-    return (f"{call} on the model's VecEnv cannot reach the envs that train: while auturi.wrap collects they are "
-            f"Auturi's copies in its workers, and the model's VecEnv is not stepped, so the call would change "
-            f"nothing the learner gets (or read envs that never stepped). Set it when the env is made "
-            f"(make_vec_env(..., env_kwargs=...), or auturi.wrap(model, env_fn=...)); to change the envs between "
-            f"learn() calls (a curriculum), call model.auturi.close(), change them, then auturi.wrap(model) again "
-            f"(the envs are rebuilt from the model's VecEnv and start new episodes); or train without auturi.wrap")
 
 
 def closed_message(closed_by: str | None) -> str:
@@ -64,7 +58,9 @@ def _own_call(venv: Any, name: str) -> Any:
 
 class _EnvCallGuard:
     """One of :meth:`SB3Handle.guard_env_calls`'s stand-ins for a VecEnv's ``env_method``,
-    ``set_attr`` or ``get_attr``. A module-level class, not a closure: the VecEnv still
+    ``set_attr`` or ``get_attr``: while the model is wrapped it forwards the call, with SB3's
+    signature and ``indices``, to the executor's calls on the envs that train
+    (:meth:`~auturi.executor.base.Executor.env_call`). A module-level class, not a closure: the VecEnv still
     pickles (a closure in its ``__dict__`` made ``pickle.dumps(model.env)`` fail); a copy
     (pickle, deepcopy) gets the VecEnv's own method, since no executor runs its envs.
 
@@ -89,19 +85,58 @@ class _EnvCallGuard:
         venv = self.venv
         if not self._active():
             return getattr(type(venv), self.name)(venv, name, *args, **kwargs)
-        if self.name == "env_method":
-            if name == "render":
-                return type(venv).env_method(venv, name, *args, **kwargs)
-            raise AuturiError(env_call_message(f"env_method({name!r})"))
-        if self.name == "set_attr":
-            raise AuturiError(env_call_message(f"set_attr({name!r})"))
-        warnings.warn(f"get_attr({name!r}) reads the model's own VecEnv, which auturi.wrap does not step: the envs "
-                      f"that train are Auturi's copies in its workers, so its values are not theirs (log "
-                      f"per-episode values through Monitor(info_keywords=...) instead)", UserWarning, stacklevel=2)
-        return type(venv).get_attr(venv, name, *args, **kwargs)
+        if self.name == "env_method" and name == "render":
+            # SB3's VecEnv.render: drawing the model's own env changes nothing the learner gets
+            return type(venv).env_method(venv, name, *args, **kwargs)
+        handle = self.handle()
+        executor = handle.executor  # type: ignore[union-attr]  # _active: the handle is alive
+        if self.name != "get_attr" and not handle._warned_on_step and executor.last_num_steps > 1 \
+                and _from_on_step():
+            handle._warned_on_step = True
+            call = f"{self.name}({name!r})"
+            warnings.warn(f"{call} from a callback's on_step reaches the envs after the whole collect of "
+                          f"{executor.last_num_steps} steps per env (auturi.wrap collects a rollout, then replays "
+                          f"it to the callbacks), where plain SB3 changes them from the next step: the change "
+                          f"takes effect from the next rollout. For plain SB3's data, make such calls in "
+                          f"_on_rollout_start or _on_rollout_end, which run between collects",
+                          UserWarning, stacklevel=2)
+        try:
+            return getattr(self, "_" + self.name)(executor, name, *args, **kwargs)
+        except EnvCallError as e:
+            if isinstance(e.original, AttributeError):
+                # as SB3's own envs raise it: VecEnv.has_attr (and scripts) catch AttributeError
+                raise AttributeError(str(e)) from e
+            raise
+
+    # SB3's signatures (VecEnv.env_method, set_attr, get_attr), the name apart
+    @staticmethod
+    def _env_method(executor: Any, method_name: str, *method_args: Any, indices: Any = None,
+                    **method_kwargs: Any) -> list:
+        return executor.env_method(method_name, *method_args, indices=indices, **method_kwargs)
+
+    @staticmethod
+    def _set_attr(executor: Any, attr_name: str, value: Any, indices: Any = None) -> None:
+        executor.set_attr(attr_name, value, indices=indices)
+
+    @staticmethod
+    def _get_attr(executor: Any, attr_name: str, indices: Any = None) -> list:
+        return executor.get_attr(attr_name, indices=indices)
 
     def __reduce__(self) -> tuple:
         return (_own_call, (self.venv, self.name))
+
+
+def _from_on_step() -> bool:
+    """Whether the running call comes from a callback's ``on_step`` (SB3's
+    ``BaseCallback.on_step`` is on the stack): the replay of a collect that already ran."""
+    callbacks = sys.modules.get("stable_baselines3.common.callbacks")
+    code = getattr(getattr(getattr(callbacks, "BaseCallback", None), "on_step", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class SB3Handle(FaceHandle):
@@ -129,6 +164,7 @@ class SB3Handle(FaceHandle):
         self._config_log: tuple[Any, str] = (None, "")  # (config, its text)
         self.exploration: Any = None  # the off-policy replay's cached exploration state (off_policy._Exploration)
         self.closed_by: str | None = None  # what ended the executor inside a collect (see collect)
+        self._warned_on_step = False  # an env call from on_step was told it lands a rollout later (_EnvCallGuard)
         self._guarded: tuple[Any, dict[str, Any]] | None = None  # (VecEnv, its own calls) (see guard_env_calls)
         self.nan_checks: list[tuple[Any, bool]] = []  # VecCheckNan wrappers the replay runs (recover.nan_checks)
 
@@ -234,13 +270,18 @@ class SB3Handle(FaceHandle):
         """Stand between the user and ``venv``'s (the model's VecEnv, its VecEnv wrappers
         removed) ``env_method``, ``set_attr`` and ``get_attr`` while the model is wrapped.
 
-        The envs that train are Auturi's copies in its workers; ``venv`` is never stepped. A
-        curriculum callback's ``self.training_env.env_method("set_level", k)`` (or
-        ``set_attr``) changed only ``venv``'s envs: the learner went on training at the old
-        level with no sign of it (2026-11-26). Such a call now raises, naming the fix;
-        ``get_attr`` still answers, with a warning that its values are not the training envs';
-        ``env_method("render")`` (SB3's ``VecEnv.render``) passes, drawing an env nothing
-        trains on changes nothing. :meth:`close` puts the VecEnv's own calls back."""
+        The envs that train are Auturi's copies (in its workers, or in this process); ``venv``
+        is never stepped. A curriculum callback's ``self.training_env.env_method("set_level",
+        k)`` (or ``set_attr``) changed only ``venv``'s envs: the learner went on training at
+        the old level with no sign of it (2026-11-26). The calls are forwarded to the
+        executor's (:meth:`~auturi.executor.base.Executor.env_call`), which runs them on the
+        envs that train, with SB3's ``indices``, between collects (callbacks run between
+        them); what they change travels with the envs through the tuner's reconfigures. An
+        env's exception comes back as the executor's ``EnvCallError`` (an ``AttributeError``
+        when the env raised one, as ``VecEnv.has_attr`` expects). ``env_method("render")``
+        (SB3's ``VecEnv.render``) stays on ``venv``: drawing an env nothing trains on changes
+        nothing. :meth:`close` puts the VecEnv's own calls back (the envs that trained end
+        with the executor; ``venv``'s envs are as they were before the wrap)."""
         own = {name: vars(venv).get(name) for name in _GUARDED_CALLS}
         own = {k: None if isinstance(v, _EnvCallGuard) else v for k, v in own.items()}  # another model's, stale
         for name in _GUARDED_CALLS:

@@ -175,7 +175,7 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
         except BaseException:
             handle.close()
             raise
-    handle.guard_env_calls(base_venv)  # env_method / set_attr would miss the envs that train
+    handle.guard_env_calls(base_venv)  # env_method / set_attr / get_attr go to the envs that train
     handle.nan_checks = checks
     model.auturi = handle
     model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)

@@ -8,6 +8,8 @@ import signal
 from typing import Any, Sequence
 
 from auturi.config import Config
+from auturi.errors import AuturiError
+from auturi.executor.env_runner import answer_env_call
 from auturi.executor.shm import ShmExecutor
 from auturi.executor.shm.channel import BEAT, process_stack
 from auturi.resources import usable_cores_set
@@ -103,6 +105,25 @@ class RayActorHost:
     def set_policy_state(self, state: dict) -> None:
         assert self.ex is not None
         self.ex.set_policy_state(state)
+
+    def env_call(self, request: bytes) -> bytes:
+        """Run a pickled :class:`~auturi.executor.env_runner.EnvCall` on this actor's envs
+        (its ids local to this actor's executor) and return the pickled answer (results, or
+        the exception: an env's is an ``EnvCallError`` naming the global env)."""
+        assert self.ex is not None
+        return answer_env_call(self.ex.run_env_call, request)
+
+    def check_moves(self, config: Config) -> AuturiError | None:
+        """The ``LostEnvChangesError`` a reconfigure of this actor's executor to ``config``
+        would raise (None: it would lose nothing an env call changed); changes nothing."""
+        ex = self.ex
+        if ex is None or not ex._touched or ex._config is None or config == ex._config:
+            return None
+        try:
+            ex._refuse_lost_changes(config)
+        except AuturiError as e:
+            return e
+        return None
 
     def abort(self) -> None:
         """Runs in the actor's ``control`` thread, beside a running collect: end this actor's

@@ -10,6 +10,7 @@ here for that reason. What stands alone is apart: the connection (:mod:`.cluster
 actor's body (:mod:`.actor`), the clean-up after dead actors (:mod:`.sweep`)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError, WorkerError
-from auturi.executor.base import Executor
+from auturi.executor.base import Executor, first_error, lost_changes_error
+from auturi.executor.env_runner import EnvCall, read_env_call_answer
 from auturi.executor.layout import plan_layout, ray_actor_cores
 from auturi.executor.ray.actor import actor_class, stack_of
 from auturi.executor.ray.cluster import (
@@ -234,6 +236,63 @@ class RayExecutor(Executor):
         counts = {k: sum(int(d[k]) for d in done.values()) for k in ("kept", "started", "ended", "moved", "recreated")}
         counts["kept"] += len(self._actors)  # the Ray actors' own processes
         self._counts = counts
+
+    def _refuse_lost_changes(self, config: Config) -> None:
+        """Envs a call changed keep the change only while their Ray actors stay: a layout
+        that restarts them (:meth:`_keeps_actors`) makes every env anew, so it is refused; an
+        in-place one is checked by each actor holding such envs against its own moves."""
+        plan = self._plan_for(config)
+        touched = sorted(e + self.env_id_offset for e in self._touched)
+        if not (self._actors and self._keeps_actors(self._plan, plan)):
+            raise lost_changes_error(touched, "this layout restarts the Ray actors (another actor count, processes "
+                                              "per actor or device), and a Ray actor's envs are made anew in the "
+                                              "actor that follows it")
+        asked = {a.index: a.handle.check_moves.remote(plan.actors[a.index].ray.node_config)
+                 for a in self._actors if self._touched & set(a.envs)}
+        try:
+            found = [e for _, e in sorted(self._wait(asked, self._start_timeout).items()) if e is not None]
+        except BaseException:
+            self.close()
+            raise
+        if found:
+            raise found[0]  # an actor's LostEnvChangesError (global env indices), nothing changed yet
+
+    def _call_envs(self, call: EnvCall) -> dict[int, Any]:
+        """Each Ray actor holding some of ``call.ids`` runs its share through its own
+        executor (ids local to it; the request and the answer pickled); errors are raised
+        once all have answered. A failed actor (not an env's exception) closes the executor."""
+        import cloudpickle
+
+        parts: dict[int, list[int]] = {}  # actor index -> positions in call.ids
+        for p, i in enumerate(call.ids):
+            for a in self._actors:
+                if i in a.envs:
+                    parts.setdefault(a.index, []).append(p)
+        refs = {}
+        for k, positions in parts.items():
+            lo = self._actors[k].envs[0]
+            sub = dataclasses.replace(call, ids=tuple(call.ids[p] - lo for p in positions))
+            refs[k] = self._actors[k].handle.env_call.remote(cloudpickle.dumps(sub))
+        try:
+            answers = self._wait(refs)
+        except BaseException:
+            self.close()
+            raise
+        results: dict[int, Any] = {}
+        errors: list[BaseException] = []
+        for k, answer in answers.items():
+            try:
+                got, _ = read_env_call_answer(answer)  # travel checks: each actor's executor checks its own moves
+            except Exception as e:
+                if isinstance(e, WorkerError) or not isinstance(e, AuturiError):  # the actor's executor failed
+                    self.close()
+                    raise
+                errors.append(e)
+                continue
+            results.update({parts[k][p]: v for p, v in got.items()})
+        if errors:
+            raise first_error(call, errors, self.env_id_offset)
+        return results
 
     # ------------------------------------------------------------------ collect
     def _run_actors(self, num_steps: int) -> tuple[float, float, float]:

@@ -34,8 +34,9 @@ from auturi.executor.buffers import ArrayBlock
 # commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe;
 # THREADS: a kept replica sets ``arg`` torch threads; REPLAN: a kept actor reads its new
 # plan from its pipe and rebuilds its loop; STEP_QUEUE: an env worker steps the tasks queued
-# in its slot, one post at a time (TaskQueues))
-TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS, REPLAN, STEP_QUEUE = 1, 2, 3, 4, 5, 6, 7, 8, 9
+# in its slot, one post at a time (TaskQueues); ENV_CALL: an env host reads a pickled
+# EnvCall from its pipe, runs it on its envs and sends the pickled answer back, as EXPORT does)
+TASK, RESET, FLUSH, EXIT, STEP_ROW, EXPORT, THREADS, REPLAN, STEP_QUEUE, ENV_CALL = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 # words of the control block's header (``hdr``)
 DATA_GEN = 0  # bumped when the rollout block changes (its name and NUM_STEPS are new)
 NUM_STEPS = 1  # rows of the current rollout block
@@ -209,7 +210,7 @@ class RemoteLane:
         c = self.ctrl
         c["arg"][self.slot] = arg
         c["cmd"][self.slot] = cmd
-        if cmd not in (FLUSH, EXIT, EXPORT):
+        if cmd not in (FLUSH, EXIT, EXPORT, ENV_CALL):  # these answer on the pipe, not through seq
             self.issued += 1
             if self.waiter is not None:
                 self.waiter.expect(self)

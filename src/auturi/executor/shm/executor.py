@@ -3,7 +3,8 @@ memory, all waits blocking on semaphores (see the package docstring for the layo
 
 Over 500 lines: start-up, the plan diff applied to live processes on reconfigure, collect, fault
 checks and the ordered shutdown share the worker table, the control block and the semaphores; the env moves (``_take_envs``, the pickle
-helpers at the bottom) are the part to split out next.
+helpers at the bottom) and the env calls (``_call_envs``, ``_refuse_lost_changes``, which read
+the same table and plan diff) are the part to split out next.
 
 A reconfigure applies the difference of the old and new plans (``LayoutPlan.diff``): env
 workers and policy replicas whose role is unchanged (same envs, or same replica, device and
@@ -16,6 +17,12 @@ whose torch thread count changes is kept and told its new count. An actor proces
 when all its workers are (a batch change): it reads its new plan from its pipe and rebuilds
 its loop; otherwise it restarts (its lanes are fixed at start) and its envs move too.
 ``last_reconfigure`` reports what was kept, started, ended, moved and recreated.
+
+Env calls (``Executor.env_call``: ``env_method``, ``get_attr``, ``set_attr``) reach the envs
+where they step: main's own runner directly, each env worker and actor process by ``ENV_CALL``
+(request and answer pickled on its pipe). An env a call changed travels pickled when it moves,
+also before its first reset (``env_runner.Unreset``: made anew, it would lose the change); a
+move that would recreate it is refused (``base.LostEnvChangesError``).
 """
 from __future__ import annotations
 
@@ -33,16 +40,16 @@ import numpy as np
 
 from auturi.config import Config
 from auturi.errors import WorkerError
-from auturi.executor.base import Executor, given_num_envs
+from auturi.executor.base import Executor, first_error, given_num_envs, lost_changes_error
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.env_runner import make_env_runner
+from auturi.executor.env_runner import EnvCall, make_env_runner, read_env_call_answer
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.local_lanes import CallerWatchdog
 from auturi.executor.shm import processes
-from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, POLL_SECONDS,
-                                         REPLAN, SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS, WEIGHTS_VERSION,
-                                         RemoteLane, Semaphore, Waiter, control_specs, read_error, stuck_error,
-                                         write_name)
+from auturi.executor.shm.channel import (BEAT, CLOSING, DATA_GEN, ENV_CALL, EXPORT, FLUSH, NUM_STEPS, OK, OWNER,
+                                         POLL_SECONDS, REPLAN, SPIN_SECONDS, START_TIMEOUT_FLOOR, TASK, THREADS,
+                                         WEIGHTS_VERSION, RemoteLane, Semaphore, Waiter, control_specs, read_error,
+                                         stuck_error, write_name)
 from auturi.executor.shm.processes import Slot, get_context
 from auturi.executor.shm.worker import ActorHost, WorkerStart, worker_main
 
@@ -208,23 +215,18 @@ class ShmExecutor(Executor):
             # Pickled apart: an env worker must not unpickle the policy (that would import
             # torch there), and a replica need not build env factories.
             self._payloads = (cloudpickle.dumps(self.env_fns), cloudpickle.dumps(self.policy))
-        keep = self._kept(new)
-        ending = {i: s for i, s in self._workers.items() if i not in keep.values()}
-        # the ending workers' slots stay theirs until they have left (they leave while the new start)
-        fits = self._ctrl is not None and len(new.processes) + len(ending) <= len(self._ctrl["seq"])
-        if not fits:
-            keep, ending = {}, dict(self._workers)
-        reuse_main = (self._host is not None and new.main.actor is not None
-                      and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
-        to_main = {e for e, proc in new.env_process().items() if proc == MAIN}
+        keep, ending, fits, reuse_main, to_main, in_place = self._moves(new)
         live = self._take_envs(ending, reuse_main, to_main)
-        in_place = {e for p in new.processes if p.name in keep for e in p.env_ids}
-        in_place |= set(new.main.env_ids) if reuse_main else set()
         changed = set(range(self.num_envs)) - in_place if old is not None else set()
         # an env moves when it travels (pickled, or not reset yet) or stays in this process
         moved = {e for e in changed if e in live and live[e] != b"" and (self.envs_movable or e in to_main)}
         recreated = changed - moved
         _close_envs(v for e, v in live.items() if e not in moved)
+        lost = sorted(recreated & self._touched)
+        if lost:  # found only now (_refuse_lost_changes could not know): the executor closes
+            _close_envs(v for e, v in live.items() if e in moved)
+            raise lost_changes_error([e + self.env_id_offset for e in lost],
+                                     "they could not be pickled when they had to move", intact=False)
         old_host, self._host = self._host, None
         for i in ending:  # from here on their exits are expected, not failures
             self._workers.pop(i)
@@ -255,6 +257,100 @@ class ShmExecutor(Executor):
         across = {e for e in moved if not before.get(e) == after.get(e) == MAIN}  # main to main is no move
         self._counts = {"kept": len(keep), "started": len(started), "ended": len(ending), "moved": len(across),
                         "recreated": len(recreated)}
+
+    def _moves(self, new: LayoutPlan) -> tuple[dict[str, int], dict[int, Slot], bool, bool, set[int], set[int]]:
+        """What a reconfigure to plan ``new`` keeps, read from the live workers (changes
+        nothing): the kept workers (new process name -> index), the ending ones, whether the
+        new processes fit beside the ending ones on the control block, whether main's env
+        runner is reused, the envs main steps in ``new``, and the envs that stay where they are."""
+        keep = self._kept(new)
+        ending = {i: s for i, s in self._workers.items() if i not in keep.values()}
+        # the ending workers' slots stay theirs until they have left (they leave while the new start)
+        fits = self._ctrl is not None and len(new.processes) + len(ending) <= len(self._ctrl["seq"])
+        if not fits:
+            keep, ending = {}, dict(self._workers)
+        reuse_main = (self._host is not None and new.main.actor is not None
+                      and tuple(getattr(self._host.local_envs, "env_ids", ())) == new.main.env_ids)
+        to_main = {e for e, proc in new.env_process().items() if proc == MAIN}
+        in_place = {e for p in new.processes if p.name in keep for e in p.env_ids}
+        in_place |= set(new.main.env_ids) if reuse_main else set()
+        return keep, ending, fits, reuse_main, to_main, in_place
+
+    def _refuse_lost_changes(self, config: Config) -> None:
+        """Envs a call changed move only as pickles (or as objects within this process): when
+        envs cannot be pickled (``envs_movable``), a reconfigure that takes such an env out of
+        its process is refused before it starts. (One that fails to pickle only at the move
+        is found then: :meth:`_apply_config` raises and the executor closes.)"""
+        if self._plan is None:
+            return
+        # without envs_movable every changed env is made anew elsewhere; else those whose
+        # pickle was found to drop a change (EnvRunner.travel_checks, after each env call)
+        at_risk = self._touched if not self.envs_movable else self._touched & self._pinned
+        if not at_risk:
+            return
+        _, _, _, _, to_main, in_place = self._moves(plan_layout(config))
+        in_main = set(getattr(self._host.local_envs, "env_ids", ())) if self._host is not None else set()
+        lost = sorted(e for e in at_risk if e not in in_place and not (e in in_main and e in to_main))
+        if lost:
+            why = ("this env does not move with its state (tried on the probe env at start: it cannot be pickled, or "
+                   "a copy steps differently, as gymnasium's MuJoCo and ALE envs whose pickle rebuilds them; "
+                   "envs_movable is False), so it would be made anew in its new process" if not self.envs_movable else
+                   "after the calls, a pickle round trip of the env did not keep them (it does not pickle, or its "
+                   "pickle rebuilds it from its constructor's arguments, as gymnasium's MuJoCo envs and EzPickle "
+                   "envs do: their state and changed attributes are lost on a move)")
+            raise lost_changes_error([e + self.env_id_offset for e in lost], why)
+
+    def _call_envs(self, call: EnvCall) -> dict[int, Any]:
+        """The call goes to every process that steps one of ``call.ids``: each env worker and
+        actor process reads it from its pipe (``ENV_CALL``) and answers there, all at once,
+        while main runs it on its own runner; errors are raised once all have answered (the
+        pipes stay in step). An interrupted or failed exchange closes the executor."""
+        assert self._plan is not None
+        wanted = set(call.ids)
+        names = {p.name for p in self._plan.processes if p.kind in ("env", "actor") and wanted & set(p.env_ids)}
+        asked = [(i, s) for i, s in sorted(self._workers.items()) if s.name in names and s.conn is not None]
+        results: dict[int, Any] = {}
+        errors: list[BaseException] = []
+        request = cloudpickle.dumps(call)
+        answered = False
+        try:
+            for i, s in asked:
+                # the command first: the worker then reads the request at once (a request larger
+                # than the pipe's buffer would block a send made before it)
+                RemoteLane(i, self._ctrl, s.start_sem, s.name).command(ENV_CALL)  # type: ignore[arg-type]
+                s.conn.send(request)
+            local = self._host.local_envs if self._host is not None else None
+            if local is not None and wanted & set(getattr(local, "env_ids", ())):
+                try:
+                    results.update(local.call(call))
+                except Exception as e:  # raised once the workers have answered
+                    errors.append(e)
+                self._note_pinned(local.travel_checks)
+            answers = [self._recv(i, s) for i, s in asked]
+            answered = True
+        finally:
+            if not answered:
+                self.close()  # a worker may still owe an answer on its pipe: not usable any more
+        for answer in answers:
+            try:
+                got, checks = read_env_call_answer(answer)
+            except Exception as e:
+                errors.append(e)
+                continue
+            results.update(got)
+            self._note_pinned(checks)
+        if errors:
+            raise first_error(call, errors, self.env_id_offset)
+        return results
+
+    def _note_pinned(self, checks: dict[int, bool]) -> None:
+        """Record, from a runner's ``travel_checks`` after a call, which envs the call changed
+        are pinned now: their pickle would drop a change (:meth:`_refuse_lost_changes`)."""
+        for e, whole in checks.items():
+            if whole:
+                self._pinned.discard(e)
+            else:
+                self._pinned.add(e)
 
     def _kept(self, new: LayoutPlan) -> dict[str, int]:
         """New process name -> index of the live worker that keeps doing it: an env worker or
@@ -416,8 +512,9 @@ class ShmExecutor(Executor):
             self._actor_workers[i] = sorted(lane[0] for kind in ("env", "policy") for lane in info.lanes[kind])
         child_conn = None
         if p.kind in ("env", "actor"):  # env hosts: an actor always steps its first share
-            # an actor also reads its new plan from it (_replan_actors)
-            s.conn, child_conn = self._ctx.Pipe(duplex=p.kind == "actor")
+            # both ways: an actor reads its new plan from it (_replan_actors), every env host
+            # the env calls it answers there (_call_envs, ENV_CALL)
+            s.conn, child_conn = self._ctx.Pipe(duplex=True)
         runs_policy = p.device is not None
         proc_cls, preload = self._process_class(runs_policy)
         s.proc = proc_cls(target=worker_main, name=f"auturi: {s.name}", daemon=True,

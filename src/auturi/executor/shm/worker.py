@@ -23,13 +23,13 @@ import numpy as np
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop, slice_stepper
 from auturi.executor.buffers import ArrayBlock, make_layout
-from auturi.executor.env_runner import EnvRunner, make_env_runner
+from auturi.executor.env_runner import EnvRunner, answer_env_call, make_env_runner, no_env_objects_message
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
-from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, OWNER, REPLAN, RESET,
-                                         STEP_QUEUE, STEP_ROW, THREADS, WEIGHTS_VERSION, RemoteLane, RowGroup,
-                                         TaskQueues, Waiter, acquire, parent_watch, read_name, write_error)
+from auturi.executor.shm.channel import (DATA_GEN, DUMP_SIGNAL, ENV_CALL, EXIT, EXPORT, FLUSH, NUM_STEPS, OK, OWNER,
+                                         REPLAN, RESET, STEP_QUEUE, STEP_ROW, THREADS, WEIGHTS_VERSION, RemoteLane,
+                                         RowGroup, TaskQueues, Waiter, acquire, parent_watch, read_name, write_error)
 from auturi.executor.shm.processes import exit_with_owner, sigterm_exits
 from auturi.executor.spec import WorkloadSpec
 
@@ -414,6 +414,10 @@ def _serve(kind: str, slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, 
             export = getattr(runner, "export_envs", None)
             conn.send(export() if export is not None and ctrl["arg"][slot] else {})
             continue
+        if cmd == ENV_CALL:  # a call on the live envs (Executor.env_call): request and answer on the pipe
+            runner = obj if kind == "env" else obj.local_envs
+            conn.send(answer_env_call(_runner_call(runner), conn.recv(), lambda: getattr(runner, "travel_checks", {})))
+            continue
         if cmd == THREADS and kind == "policy":  # a kept replica under a layout with other free cores
             _set_torch_threads(int(ctrl["arg"][slot]))
             obj.recalibrate()  # the thread rule compares 1 with the process's count: choose again
@@ -549,6 +553,19 @@ def _serve_queue(slot: int, obj: Any, ctrl: ArrayBlock, data: DataBinding, start
             _wait_command(start_sem, spin, check_parent)
         if cmd_arr[slot] != STEP_QUEUE:
             return
+
+
+def _runner_call(runner: Any) -> Any:
+    """``runner.call`` (an :class:`EnvRunner`'s), or one that says why a vector-env runner has
+    none (the caller refuses those calls first; this is the worker's own word on it)."""
+    call = getattr(runner, "call", None)
+    if call is not None:
+        return call
+
+    def refuse(_call: Any) -> Any:
+        raise RuntimeError(no_env_objects_message(getattr(runner, "source", runner)))
+
+    return refuse
 
 
 def _wait_command(start_sem: Any, spin: float, check_parent: Any) -> None:
