@@ -74,7 +74,6 @@ This module must not import torch (env workers import it); it imports ale-py laz
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import time
 from typing import Any, Sequence
@@ -154,10 +153,10 @@ def ale_game(name: str) -> str:
 
 
 def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """This process's cores, capped by its cgroup's CPU quota (:func:`auturi.resources.usable_cores`)."""
+    from auturi.resources import usable_cores
+
+    return usable_cores()
 
 
 def _info(info: dict[str, Any], k: int) -> dict[str, Any]:

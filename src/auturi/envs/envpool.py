@@ -58,7 +58,6 @@ This module must not import torch (env workers import it); it imports envpool la
 """
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from typing import Any, Sequence
@@ -89,10 +88,10 @@ def to_int32_seed(seed: int) -> int:
 
 
 def _available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """This process's cores, capped by its cgroup's CPU quota (:func:`auturi.resources.usable_cores`)."""
+    from auturi.resources import usable_cores
+
+    return usable_cores()
 
 
 def unbatch_info(info: dict[str, Any], k: int) -> dict[str, Any]:
