@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from auturi import AuturiError, Config, make_executor
-from auturi.executor.base import LostEnvChangesError
-from auturi.executor.env_runner import EnvCallError
+from auturi.errors import LostEnvChangesError
+from auturi.errors import EnvCallError
 from tests.env_call_envs import LevelEnv, RebuiltLevelEnv, UnpicklableLevelEnv
 from tests.helpers import ObsHashPolicy
 

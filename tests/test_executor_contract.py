@@ -344,7 +344,7 @@ def curriculum(backend, layouts, refuse=None):
     envs move mid-episode), a collect, reads (one index repeated). ``refuse``: a layout tried
     before the last collect, which must be refused (the executor goes on as it was).
     Returns the rollouts and every call's answer."""
-    from auturi.executor.base import LostEnvChangesError
+    from auturi.errors import LostEnvChangesError
     from tests.env_call_envs import LevelEnv
 
     env_fn = functools.partial(LevelEnv)

@@ -181,3 +181,23 @@ def _lost_changes(envs: list[int], message: str, intact: bool) -> LostEnvChanges
     AuturiError.__init__(err, message)
     err.envs, err.intact = envs, intact
     return err
+
+
+class EnvCallError(AuturiError):
+    """An env raised in a call made on it through the executor (``env_method``,
+    ``get_attr``, ``set_attr``): the message names the env (its global index) and the call;
+    the env's own exception is ``__cause__`` (also ``original``; from a worker process it
+    carries the worker's traceback as a note). The executor stays usable."""
+
+    def __init__(self, env_id: int, what: str, original: BaseException):
+        self.env_id, self.what, self.original = int(env_id), what, original
+        super().__init__(f"env {self.env_id}: {what} raised {type(original).__name__}: {original}")
+
+    def __reduce__(self) -> tuple:
+        return (_rebuild_env_call_error, (self.env_id, self.what, self.original))
+
+
+def _rebuild_env_call_error(env_id: int, what: str, original: BaseException) -> EnvCallError:
+    err = EnvCallError(env_id, what, original)
+    err.__cause__ = original
+    return err

@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import abc
-import copy as copy_module
 import math
 import os
 import time
@@ -37,10 +36,10 @@ import numpy as np
 
 from auturi.config import DEVICE_PATTERN, Config, total_envs_error
 from auturi.envs import EnvLike, resolve_env_fns
-from auturi.errors import AuturiError, LostEnvChangesError
+from auturi.errors import AuturiError
 from auturi.executor.buffers import ArrayBlock
 from auturi.executor.contract import MoveCost, started_devices
-from auturi.executor.env_runner import ENV_CALL_KINDS, EnvCall, EnvCallError, no_env_objects_message
+from auturi.executor.env_calls import ENV_CALL_KINDS, EnvCall, no_env_objects_message, travels_with_state
 from auturi.executor.layout import LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.noise import NoiseStreams
 from auturi.executor.spec import WorkloadSpec, probe_reset, probe_spec
@@ -175,7 +174,7 @@ class Executor(abc.ABC):
         try:
             obs = probe_reset(probe_env, self.seed)
             self.spec: WorkloadSpec = probe_spec(probe_env.observation_space, probe_env.action_space, policy, obs)
-            self.envs_movable = _round_trips(probe_env, self.seed)
+            self.envs_movable = travels_with_state(probe_env, self.seed)
         finally:
             probe_env.close()
         self.reconfigure(config or Config.serial(self.num_envs))
@@ -206,7 +205,7 @@ class Executor(abc.ABC):
         its pickle does not keep the change, checked after each such call, or Ray actors
         restart) raises :class:`~auturi.AuturiError` naming the envs, before
         anything changes where that is known beforehand (the executor stays as it was), else
-        as it finds out (the executor closes): :class:`LostEnvChangesError` (``intact`` says which)."""
+        as it finds out (the executor closes): :class:`LostEnvChangesError` (``intact`` says which; :mod:`auturi.errors`)."""
         self._check_open()
         self.validate(config)
         if config == self._config:
@@ -302,7 +301,7 @@ class Executor(abc.ABC):
         process's share, env worker processes (the request and the answer travel pickled over
         each worker's pipe), Ray actors. Only between collects: while a collect or reconfigure
         runs (another thread) it raises :class:`~auturi.AuturiError`. An env that raises
-        comes back as :class:`~auturi.executor.env_runner.EnvCallError` naming the env and the
+        comes back as :class:`~auturi.errors.EnvCallError` naming the env and the
         call, the env's exception as its cause (the first env in ``indices`` order that raised;
         envs in other processes may have run the call meanwhile); the executor stays usable. A
         ``"method"`` or ``"set"`` call marks its envs as changed: they keep the change through
@@ -524,82 +523,7 @@ class Executor(abc.ABC):
         )
 
 
-def first_error(call: EnvCall, errors: list[BaseException], offset: int = 0) -> BaseException:
-    """Of the errors several processes answered ``call`` with, the one a serial loop would
-    have raised: the env that comes first in ``call.ids`` (``offset``: the executor's
-    ``env_id_offset``, as :class:`EnvCallError` names global envs)."""
-    order = {i: p for p, i in reversed(list(enumerate(call.ids)))}
-
-    def position(e: BaseException) -> int:
-        return order.get(e.env_id - offset, len(order)) if isinstance(e, EnvCallError) else -1
-
-    return min(errors, key=position)
-
-
-def lost_changes_error(envs: list[int], why: str, intact: bool = True) -> LostEnvChangesError:
-    """The error of a reconfigure that would recreate envs a call changed."""
-    return LostEnvChangesError(envs, why, intact)
-
-
 _NOTHING_DONE = {"seconds": 0.0, "kept": 0, "started": 0, "ended": 0, "moved": 0, "recreated": 0}
-
-
-PROBE_STEPS = 1
-"""Steps :func:`_round_trips` takes before the copy (so its state is past the reset) and after
-it (compared), on the probe env that is closed afterwards: one each, so an env whose step is
-slow (a remote simulator) costs two steps at start, and test envs that fault at a later step
-do not fault here."""
-
-
-def _round_trips(env: Any, seed: int = 0) -> bool:
-    """Whether a live env survives a cloudpickle round trip *with its state* (tried once, on
-    the probe env after its reset): then a reconfigure moves envs mid-episode instead of
-    recreating them. The copy must step exactly as the env does for the same action:
-    gymnasium's MuJoCo envs (``EzPickle``) pickle as their constructor's arguments, and a
-    copy made mid-episode starts from the initial pose, not the env's; moved that way, an
-    episode jumped to another state without a reset (HalfCheetah-v5: observations 5.7 apart,
-    found 2026-11-26). Such an env is recreated instead: its episode restarts, as any env's
-    that cannot be pickled. An env that fails here is not movable; its first collect says why."""
-    import cloudpickle
-
-    try:
-        space = copy_module.deepcopy(env.action_space)
-        space.seed(seed)
-        actions = [space.sample() for _ in range(2 * PROBE_STEPS)]
-        for a in actions[:PROBE_STEPS]:
-            out = env.step(a)
-            if out[2] or out[3]:
-                env.reset(seed=seed + 1)
-        twin = cloudpickle.loads(cloudpickle.dumps(env))
-    except Exception:
-        return False
-    try:
-        for a in actions[PROBE_STEPS:]:
-            mine, theirs = env.step(a), twin.step(a)
-            if not _same(tuple(mine[:4]), tuple(theirs[:4])):
-                return False
-            if mine[2] or mine[3]:
-                break
-        return True
-    except Exception:  # a copy that cannot step is no copy
-        return False
-    finally:
-        try:
-            twin.close()
-        except Exception:
-            pass
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Exact equality of two step results (observations nested in dicts and tuples, NaN equal to NaN)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)):
-        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    x, y = np.asarray(a), np.asarray(b)
-    if x.shape != y.shape or x.dtype != y.dtype:
-        return False
-    return bool(np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"))
 
 
 def _check_policy(policy: Any) -> None:

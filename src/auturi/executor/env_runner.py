@@ -19,27 +19,24 @@ instructions per step for serial CartPole with a constant policy, the cheapest s
 raises gets a note naming the env and the row; an ``EnvCheckError`` gets the same words in its
 message.
 
-Calls on the live envs (``env_method``, ``get_attr``, ``set_attr`` through the executor,
-2026-11-26): :class:`EnvCall` is one such call, :meth:`EnvRunner.call` runs it on this runner's
-envs, :func:`answer_env_call` and :func:`read_env_call_answer` carry it to and from another
-process (pickled), and :class:`EnvCallError` is what an env's exception comes back as.
+Calls on the live envs (``env_method``, ``get_attr``, ``set_attr`` through the executor):
+:meth:`EnvRunner.call` runs one on this runner's envs; the call itself, its trip to other
+processes and the checks of whether envs travel with their state are :mod:`auturi.executor.env_calls`.
 
 Over 400 lines because the stepping paths and the stand-ins every call of theirs goes through
-are one cost budget, read together: a line added to either is paid per env step; the env calls
-sit beside them because they go through the same ``envs`` table and travel with the same moves."""
+are one cost budget, read together: a line added to either is paid per env step."""
 from __future__ import annotations
 
 import time
-import traceback
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
 
 from auturi.envs import env_seed
-from auturi.errors import AuturiError
+from auturi.errors import EnvCallError
+from auturi.executor.env_calls import EnvCall, Unreset, live_env, travels_whole
 from auturi.executor.spec import BOOL_TYPES, EnvCheckError, check_reset_output, check_step_output, finite_values
 
 _ndarray = np.ndarray
@@ -96,7 +93,7 @@ class EnvRunner:
         # every env, new or live (``live``: moved here from another runner, mid-episode; it goes
         # on from where it was, without a reset), stands behind its checking stand-in
         stand_in = _STAND_INS[self.check_finite, False]
-        self.envs = {i: stand_in(_live_env(live[i]) if i in live else env_fns[i](), i, self) for i in self.env_ids}
+        self.envs = {i: stand_in(live_env(live[i]) if i in live else env_fns[i](), i, self) for i in self.env_ids}
         # the next collect resets these first: new envs, and envs an env call changed before
         # their first reset (they travel as Unreset, to be reset by their new runner)
         self._unreset = [i for i in self.env_ids if i not in live or isinstance(live[i], Unreset)]
@@ -181,7 +178,7 @@ class EnvRunner:
                 out[i] = b""
         return out
 
-    def call(self, call: "EnvCall") -> dict[int, Any]:
+    def call(self, call: EnvCall) -> dict[int, Any]:
         """Run ``call`` on this runner's envs among ``call.ids`` (this runner's keys), in their
         order: position in ``call.ids`` -> result, for the positions whose env is here. On the
         env itself (the user's, not its stand-in), as SB3's ``DummyVecEnv`` does. The first env
@@ -532,198 +529,6 @@ def _name_env(e: Exception, i: int, where: str) -> Exception:
     else:
         e.add_note(text)
     return e
-
-
-# --------------------------------------------------------------------------- env calls
-ENV_CALL_KINDS = ("method", "get", "set")
-
-
-@dataclass(frozen=True)
-class EnvCall:
-    """One call on envs through the executor: ``kind`` ``"method"`` (``name(*args,
-    **kwargs)``), ``"get"`` (attribute ``name``) or ``"set"`` (attribute ``name`` to
-    ``args[0]``), on the envs ``ids`` (a runner's keys: an executor's local env indices), in
-    that order (an index may repeat, as SB3's ``indices`` may). Pickled to reach a worker."""
-
-    kind: str
-    name: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    ids: tuple[int, ...] = ()
-
-    @property
-    def changes(self) -> bool:
-        """Whether the call may change the env (a method may; reading an attribute does not):
-        such an env must travel with its change when a reconfigure moves it."""
-        return self.kind != "get"
-
-    def describe(self) -> str:
-        """The call as the user wrote it, for messages: ``env_method('set_level')``."""
-        return {"method": "env_method", "get": "get_attr", "set": "set_attr"}[self.kind] + f"({self.name!r})"
-
-    def apply(self, env: Any) -> Any:
-        """Run the call on one env as SB3's ``DummyVecEnv`` does: methods and attributes are
-        looked up through gymnasium wrappers (``get_wrapper_attr``); ``set`` sets the attribute
-        on ``env`` itself, the outermost wrapper (``setattr``)."""
-        if self.kind == "set":
-            setattr(env, self.name, self.args[0])
-            return None
-        getter = getattr(env, "get_wrapper_attr", None)
-        value = getter(self.name) if getter is not None else getattr(env, self.name)
-        return value if self.kind == "get" else value(*self.args, **self.kwargs)
-
-
-class EnvCallError(AuturiError):
-    """An env raised in a call made on it through the executor (``env_method``,
-    ``get_attr``, ``set_attr``): the message names the env (its global index) and the call;
-    the env's own exception is ``__cause__`` (also ``original``; from a worker process it
-    carries the worker's traceback as a note). The executor stays usable."""
-
-    def __init__(self, env_id: int, what: str, original: BaseException):
-        self.env_id, self.what, self.original = int(env_id), what, original
-        super().__init__(f"env {self.env_id}: {what} raised {type(original).__name__}: {original}")
-
-    def __reduce__(self) -> tuple:
-        return (_rebuild_env_call_error, (self.env_id, self.what, self.original))
-
-
-def _rebuild_env_call_error(env_id: int, what: str, original: BaseException) -> EnvCallError:
-    err = EnvCallError(env_id, what, original)
-    err.__cause__ = original
-    return err
-
-
-class Unreset:
-    """An env handed to another runner before its first reset after an env call changed it:
-    it travels (as itself, or pickled) instead of being made anew, which would lose the
-    change, and its new runner still gives it its first reset (with the seed it would have
-    had)."""
-
-    __slots__ = ("env",)
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def __reduce__(self) -> tuple:
-        return (Unreset, (self.env,))
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def travels_whole(env: Any) -> bool:
-    """Whether ``env`` survives a cloudpickle round trip with its plain values (the int,
-    float, bool and str attributes of it and of each gymnasium wrapper around it) as they are:
-    what a reconfigure's move does to it. Asked after each env call that may change an env, so
-    that a move which would drop the change is refused beforehand: an env that
-    does not pickle, and one whose pickle rebuilds it from its constructor's arguments
-    (gymnasium's MuJoCo envs, ``EzPickle`` envs: a curriculum level set on them came back as
-    the constructor's, and the physics state as the initial one, 2026-11-26)."""
-    import cloudpickle
-
-    try:
-        copy = cloudpickle.loads(cloudpickle.dumps(env))
-    except Exception:
-        return False
-    try:
-        return all(_plain_values(a) == _plain_values(b) for a, b in zip(_layers(env), _layers(copy), strict=True))
-    except (ValueError, TypeError):  # another number of layers, values that do not compare
-        return False
-    finally:
-        try:
-            copy.close()
-        except Exception:
-            pass
-
-
-def _layers(env: Any) -> list:
-    out = [env]
-    while isinstance(out[-1], gym.Wrapper):
-        out.append(out[-1].env)
-    return out
-
-
-_PLAIN = (bool, int, float, str, np.bool_, np.integer, np.floating)
-
-
-def _plain_values(obj: Any) -> dict[str, Any]:
-    """``obj``'s plain attributes, NaN as a marker (NaN != NaN would fail every compare)."""
-    values = getattr(obj, "__dict__", {})
-    return {k: ("nan" if v != v else v) for k, v in values.items() if isinstance(v, _PLAIN)}
-
-
-def _live_env(env: Any) -> Any:
-    return env.env if isinstance(env, Unreset) else env
-
-
-def no_env_objects_message(source: Any) -> str:
-    """Why ``env_method``/``get_attr``/``set_attr`` are refused for a vector-env source."""
-    return (f"env_method, get_attr and set_attr call one Python env object per env, and "
-            f"{type(source).__name__} ({source}) has none: its envs live inside one vectorised C++ env "
-            f"(EnvPool, ale-py's AtariVectorEnv). Set what the envs need when they are made (the id's make "
-            f"kwargs), or use the gymnasium id (e.g. 'CartPole-v1' instead of 'envpool:CartPole-v1', "
-            f"'ALE/Pong-v5' instead of 'ale:pong'), whose envs take these calls")
-
-
-def answer_env_call(run: Callable[[EnvCall], dict[int, Any]], request: bytes,
-                    checks: Callable[[], dict[int, bool]] = dict) -> bytes:
-    """In the process that holds the envs (an env worker, an actor, a Ray actor): unpickle
-    the :class:`EnvCall` ``request``, ``run`` it, and pickle the answer for
-    :func:`read_env_call_answer`: the results and ``checks()`` (the runner's
-    ``travel_checks``: whether each env the call changed still pickles whole), or the exception (an :class:`EnvCallError` whose cause
-    unpickles on the other side, the worker's traceback added to it as a note)."""
-    import cloudpickle
-
-    try:
-        call = cloudpickle.loads(request)
-        results = run(call)
-    except Exception as e:
-        return _error_answer(e)
-    try:
-        return cloudpickle.dumps(("ok", (results, dict(checks()))))
-    except Exception as e:
-        what = call.describe()
-        return _error_answer(AuturiError(f"{what} returned a value that cannot be pickled to come back from the "
-                                         f"process that holds the env ({type(e).__name__}: {e}): return "
-                                         f"picklable values (numbers, arrays, dicts), or read what you need in "
-                                         f"the method and return that"), note=False)
-
-
-def _error_answer(e: Exception, note: bool = True) -> bytes:
-    """The pickled answer for exception ``e`` (see :func:`answer_env_call`); ``note``: add
-    this process's traceback to the cause (not for an error made here, which has none)."""
-    import cloudpickle
-
-    cause = e.original if isinstance(e, EnvCallError) else e
-    text = "".join(traceback.format_exception(cause))
-    try:
-        if note and not any(str(n).startswith("(traceback in the process") for n in getattr(cause, "__notes__", ())):
-            cause.add_note(f"(traceback in the process that holds the env:\n{text.rstrip()})")  # once: not again in a Ray actor
-        cloudpickle.loads(cloudpickle.dumps(cause))  # an exception whose __init__ wants other args fails here
-    except Exception:
-        cause = RuntimeError(f"{type(cause).__name__}: {cause} (it cannot be pickled; traceback in the "
-                             f"process that holds the env:\n{text.rstrip()})")
-    if isinstance(e, EnvCallError):
-        e = EnvCallError(e.env_id, e.what, cause)
-    else:
-        e = cause  # type: ignore[assignment]
-    try:
-        return cloudpickle.dumps(("error", e))
-    except Exception:
-        return cloudpickle.dumps(("error", RuntimeError(text)))
-
-
-def read_env_call_answer(answer: bytes) -> tuple[dict[int, Any], dict[int, bool]]:
-    """The results and the travel checks :func:`answer_env_call` pickled, or its exception
-    raised here."""
-    import cloudpickle
-
-    status, value = cloudpickle.loads(answer)
-    if status == "ok":
-        return value
-    if isinstance(value, EnvCallError):
-        raise value from value.original
-    raise value
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Any], seed: int, generation: int = 0,

@@ -337,6 +337,7 @@ class ModelStrategy(Strategy):
         self._raw: dict[Config, float] = {}  # the fitted model's predictions
         self._pred: dict[Config, float] = {}  # ... corrected by nearby measurements
         self._ucb: dict[Config, float] = {}  # ... raised by their uncertainty
+        self._refreshed: tuple | None = None  # the inputs of the last _refresh (profile, space, its size, measured)
 
     def prepare(self, space: SearchSpace, executor: Any = None, num_steps: int | None = None,
                 seed: int = 0) -> None:
@@ -365,7 +366,7 @@ class ModelStrategy(Strategy):
         assert self.profile is not None
         space = self._space()
         key = (self.profile, space, len(space.configs), dict(measured))
-        last = getattr(self, "_refreshed", None)
+        last = self._refreshed
         if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
             return
         self._refreshed = key

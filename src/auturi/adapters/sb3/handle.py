@@ -16,8 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.common import Collector, FaceHandle, remaining_collects
-from auturi.errors import AuturiError
-from auturi.executor.env_runner import EnvCallError
+from auturi.errors import AuturiError, EnvCallError
 
 
 PATCHED = ("collect_rollouts", "auturi", "_excluded_save_params")

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from auturi.config import Config
 from auturi.errors import AuturiError
-from auturi.executor.env_runner import answer_env_call
+from auturi.executor.env_calls import answer_env_call
 from auturi.executor.shm import ShmExecutor
 from auturi.executor.shm.channel import BEAT, process_stack
 from auturi.resources import usable_cores_set
@@ -107,7 +107,7 @@ class RayActorHost:
         self.ex.set_policy_state(state)
 
     def env_call(self, request: bytes) -> bytes:
-        """Run a pickled :class:`~auturi.executor.env_runner.EnvCall` on this actor's envs
+        """Run a pickled :class:`~auturi.executor.env_calls.EnvCall` on this actor's envs
         (its ids local to this actor's executor) and return the pickled answer (results, or
         the exception: an env's is an ``EnvCallError`` naming the global env)."""
         assert self.ex is not None

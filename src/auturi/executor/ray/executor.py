@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from auturi.config import Config
-from auturi.errors import AuturiError, ConfigError, WorkerError
-from auturi.executor.base import Executor, first_error, lost_changes_error
-from auturi.executor.env_runner import EnvCall, read_env_call_answer
+from auturi.errors import AuturiError, ConfigError, LostEnvChangesError, WorkerError
+from auturi.executor.base import Executor
+from auturi.executor.env_calls import EnvCall, first_error, read_env_call_answer
 from auturi.executor.layout import plan_layout, ray_actor_cores
 from auturi.executor.ray.actor import actor_class, stack_of
 from auturi.executor.ray.cluster import (
@@ -244,7 +244,7 @@ class RayExecutor(Executor):
         plan = self._plan_for(config)
         touched = sorted(e + self.env_id_offset for e in self._touched)
         if not (self._actors and self._keeps_actors(self._plan, plan)):
-            raise lost_changes_error(touched, "this layout restarts the Ray actors (another actor count, processes "
+            raise LostEnvChangesError(touched, "this layout restarts the Ray actors (another actor count, processes "
                                               "per actor or device), and a Ray actor's envs are made anew in the "
                                               "actor that follows it")
         asked = {a.index: a.handle.check_moves.remote(plan.actors[a.index].ray.node_config)

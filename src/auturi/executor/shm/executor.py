@@ -21,8 +21,8 @@ its loop; otherwise it restarts (its lanes are fixed at start) and its envs move
 Env calls (``Executor.env_call``: ``env_method``, ``get_attr``, ``set_attr``) reach the envs
 where they step: main's own runner directly, each env worker and actor process by ``ENV_CALL``
 (request and answer pickled on its pipe). An env a call changed travels pickled when it moves,
-also before its first reset (``env_runner.Unreset``: made anew, it would lose the change); a
-move that would recreate it is refused (``base.LostEnvChangesError``).
+also before its first reset (``env_calls.Unreset``: made anew, it would lose the change); a
+move that would recreate it is refused (``auturi.errors.LostEnvChangesError``).
 """
 from __future__ import annotations
 
@@ -39,10 +39,11 @@ import cloudpickle
 import numpy as np
 
 from auturi.config import Config
-from auturi.errors import WorkerError
-from auturi.executor.base import Executor, first_error, given_num_envs, lost_changes_error
+from auturi.errors import LostEnvChangesError, WorkerError
+from auturi.executor.base import Executor, given_num_envs
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.env_runner import EnvCall, make_env_runner, read_env_call_answer
+from auturi.executor.env_calls import EnvCall, first_error, read_env_call_answer
+from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.local_lanes import CallerWatchdog
 from auturi.executor.shm import processes
@@ -225,7 +226,7 @@ class ShmExecutor(Executor):
         lost = sorted(recreated & self._touched)
         if lost:  # found only now (_refuse_lost_changes could not know): the executor closes
             _close_envs(v for e, v in live.items() if e in moved)
-            raise lost_changes_error([e + self.env_id_offset for e in lost],
+            raise LostEnvChangesError([e + self.env_id_offset for e in lost],
                                      "they could not be pickled when they had to move", intact=False)
         old_host, self._host = self._host, None
         for i in ending:  # from here on their exits are expected, not failures
@@ -298,7 +299,7 @@ class ShmExecutor(Executor):
                    "after the calls, a pickle round trip of the env did not keep them (it does not pickle, or its "
                    "pickle rebuilds it from its constructor's arguments, as gymnasium's MuJoCo envs and EzPickle "
                    "envs do: their state and changed attributes are lost on a move)")
-            raise lost_changes_error([e + self.env_id_offset for e in lost], why)
+            raise LostEnvChangesError([e + self.env_id_offset for e in lost], why)
 
     def _call_envs(self, call: EnvCall) -> dict[int, Any]:
         """The call goes to every process that steps one of ``call.ids``: each env worker and

@@ -23,7 +23,8 @@ import numpy as np
 from auturi.config import Config
 from auturi.executor.actor_loop import ActorLoop, slice_stepper
 from auturi.executor.buffers import ArrayBlock, make_layout
-from auturi.executor.env_runner import EnvRunner, answer_env_call, make_env_runner, no_env_objects_message
+from auturi.executor.env_calls import answer_env_call, no_env_objects_message
+from auturi.executor.env_runner import EnvRunner, make_env_runner
 from auturi.executor.layout import ActorPlan
 from auturi.executor.local_lanes import LocalEnvLane, LocalPolicyLane
 from auturi.executor.policy_runner import PolicyRunner
