@@ -913,6 +913,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.smoke:
         torch.set_num_threads(1)  # the smoke check shares a small machine
     recs: dict[int, dict] = {}
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    facts: dict[str, Any] = {}
+
+    def flush() -> None:
+        # After each part, so a run stopped from outside (a device call's time limit) still
+        # leaves the parts it finished on disk. The machine's facts are read at the first
+        # flush, after part 1 started CUDA (see machine_facts).
+        if not facts:
+            facts.update(machine_facts(args.smoke))
+        machine = facts
+        for p, name in ((1, "part1_sb3_ppo.json"), (2, "part2_collect.json"), (3, "part3_ale_vector.json")):
+            if p in recs:
+                _write(os.path.join(args.out, name), {"machine": machine, "command": command, "written": started,
+                                                      "smoke": args.smoke, **recs[p]})
+
     order = [p for p in (1, 2, 3) if p in args.parts]
     # Part 1 at its first step count, then part 2, then part 1's longer runs, then part 3:
     # the SB3 recipe at both lengths is what the GPU targets are read from (issue 32), so a
@@ -923,11 +938,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             recs[1] = part1({**s, "steps": s["steps"][:1]}, clock, args.long_systems, s["steps"][0])
         except Exception as e:
             recs[1] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        flush()
     if 2 in order:
         try:
             recs[2] = part2(s, clock)
         except Exception as e:
             recs[2] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        flush()
     if 1 in order and p1_long and "error" not in recs[1]:
         try:
             more = part1({**s, "steps": p1_long}, clock, args.long_systems, s["steps"][0], recs[1]["runs"])
@@ -935,17 +952,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "skipped": recs[1]["skipped"] + more["skipped"]}
         except Exception as e:
             recs[1]["error_long"] = f"{type(e).__name__}: {e}"
+        flush()
     if 3 in order:
         try:
             recs[3] = part3(s, clock)
         except Exception as e:
             recs[3] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-    machine = machine_facts(args.smoke)
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    for p, name in ((1, "part1_sb3_ppo.json"), (2, "part2_collect.json"), (3, "part3_ale_vector.json")):
-        if p in recs:
-            _write(os.path.join(args.out, name), {"machine": machine, "command": command, "written": started,
-                                                  "smoke": args.smoke, **recs[p]})
+    flush()
+    machine = facts
     md = summary(recs.get(1), recs.get(2), machine, command, recs.get(3))
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(md)
