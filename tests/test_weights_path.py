@@ -318,11 +318,10 @@ def test_a_cuda_models_own_policy_stays_shared_when_the_replica_is_told_plain_cu
     caller's replica must keep acting with the model's own network (no copy, no round trip)."""
     from stable_baselines3 import PPO
 
-    from auturi.adapters.sb3.policy import SB3PolicyAdapter
+    from auturi.adapters.sb3.wrap import _on_policy_adapter
 
     model = PPO("MlpPolicy", "CartPole-v1", device="cuda", n_steps=8)
-    adapter = SB3PolicyAdapter(type(model.policy), model.observation_space, model.action_space,
-                               model.policy_kwargs, "categorical", device="cuda")
+    adapter = _on_policy_adapter(model, None, False)  # as auturi.wrap builds it
     adapter.share(model.policy)
     adapter.to("cuda")
     assert adapter.shared and adapter._net is model.policy
