@@ -126,3 +126,49 @@ def test_env_workers_fork_from_auturis_server_when_another_library_started_the_s
             print(os.getpid(), flush=True)
     """)
     assert main == "main" and sorted(workers.values()) == ["actor ours"] * 2 + ["env ours"] * 3, workers
+
+
+def test_the_modules_a_factory_imports_when_called_are_found_too():
+    """An id's env class (``gym.make`` imports its ``module:Class`` entry point) and SB3's
+    wrappers (the SB3 face's recipe imports them when applied) are named by no pickle; each
+    env worker imported them itself, SB3's pulling in torch (an Atari model's 8 env workers:
+    9.5 s of a 2-core wrap, 5.1 s with them preloaded)."""
+    import gymnasium as gym
+
+    from auturi.adapters.sb3.envs import EnvFactory
+    from auturi.envs import resolve_env_fns
+
+    gym.register("auturi-test/PreloadProbeById-v0", entry_point="tests.preload_probe:PreloadProbeEnv",
+                 kwargs={"directory": "/tmp"})
+    try:
+        (by_id,) = resolve_env_fns("auturi-test/PreloadProbeById-v0", 1)
+        assert "tests.preload_probe" in modules_to_preload(by_id)
+        recipe = EnvFactory(("make", gym.spec("auturi-test/PreloadProbeById-v0")),
+                            [("atari", {}), ("sb3_monitor", {})])
+        (fn,) = resolve_env_fns([recipe], 1)
+        mods = modules_to_preload(fn)
+        assert {"tests.preload_probe", "stable_baselines3.common.atari_wrappers",
+                "stable_baselines3.common.monitor"} <= set(mods), mods
+    finally:
+        gym.registry.pop("auturi-test/PreloadProbeById-v0", None)
+
+
+def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path):
+    main, workers = run_probe_script(tmp_path, """
+        import os, sys
+        import gymnasium as gym
+        from auturi import Config, make_executor
+        from auturi.policy import RandomPolicy
+
+        if __name__ == "__main__":
+            gym.register("auturi-test/PreloadProbeById-v0", entry_point="tests.preload_probe:PreloadProbeEnv",
+                         kwargs={"directory": sys.argv[1]})
+            env_id = "auturi-test/PreloadProbeById-v0"
+            ex = make_executor(env_id, RandomPolicy(gym.make(env_id).action_space), num_envs=4,
+                               config=Config(envs_per_actor=4, env_parallel_degree=4), backend="shm")
+            ex.collect(2)
+            ex.close()
+            print(os.getpid(), flush=True)
+    """)
+    assert main == "1" and len(workers) == 3
+    assert set(workers.values()) == {"0"}, workers  # the id's module came with the forkserver

@@ -116,6 +116,15 @@ class ProcessTreeEnvFn:
                 providers = "(" + ", ".join(self._providers) + ")" if self._providers else "(none)"
                 raise type(e)(f"{e} {WORKER_ID_HINT.format(providers=providers)}") from e
 
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        """The modules a worker imports to make its env that this object's pickle does not
+        name: the id providers it imports on arrival (:meth:`_enter_worker`) and what ``fn``
+        declares (its own ``preload_modules``). Its forkserver imports them once for every
+        worker it forks (:func:`auturi.executor.shm.forkservers.modules_to_preload`)."""
+        return tuple(dict.fromkeys((*self._providers, *_imported_providers(),
+                                    *getattr(self.fn, "preload_modules", ()))))
+
     def for_timing(self) -> ProcessTreeEnvFn:
         """The factory to time an env with (:func:`auturi.tuner.timing.time_env`): ``fn``'s own
         ``for_timing()`` where it has one (a recipe whose envs write nothing to the user's
@@ -132,8 +141,7 @@ class ProcessTreeEnvFn:
         state = dict(vars(self))
         del state["_owner"]
         # What this process knows, added to what it inherited (a Ray actor passes both on to its own workers).
-        state["_providers"] = tuple(dict.fromkeys(
-            (*self._providers, *(m for m in (*ID_PROVIDERS.values(), *PROVIDER_MODULES) if m in sys.modules))))
+        state["_providers"] = tuple(dict.fromkeys((*self._providers, *_imported_providers())))
         state["_owner_shown"] = tuple(dict.fromkeys((*self._owner_shown, *shown_warnings())))
         return state
 
@@ -170,6 +178,12 @@ class _MakeById(ProcessTreeEnvFn):
         self.env_id, self.kwargs, self.module = env_id, kwargs, module
         self.spec = gym.spec(env_id) if env_id in gym.registry else None
 
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        spec = self.spec if self.spec is not None else gym.registry.get(self.env_id)
+        own = ((self.module,) if self.module else ()) + (entry_point_modules(spec) if spec is not None else ())
+        return tuple(dict.fromkeys((*super().preload_modules, *own)))
+
     def make(self) -> gym.Env:
         if self.module is not None:
             importlib.import_module(self.module)
@@ -179,6 +193,23 @@ class _MakeById(ProcessTreeEnvFn):
 
     def __repr__(self) -> str:
         return f"gym.make({self.env_id!r})"
+
+
+def _imported_providers() -> tuple[str, ...]:
+    """The id providers this process has imported (a worker imports them too)."""
+    return tuple(m for m in (*ID_PROVIDERS.values(), *PROVIDER_MODULES) if m in sys.modules)
+
+
+def entry_point_modules(spec: Any) -> tuple[str, ...]:
+    """The modules ``gym.make(spec)`` imports by name: its env's entry point and those of its
+    additional wrappers (``"module:Class"`` strings; a callable entry point pickles by itself).
+
+    >>> entry_point_modules(gym.spec("CartPole-v1"))
+    ('gymnasium.envs.classic_control.cartpole',)
+    """
+    points = [getattr(spec, "entry_point", None)]
+    points += [getattr(w, "entry_point", None) for w in (getattr(spec, "additional_wrappers", None) or ())]
+    return tuple(dict.fromkeys(p.split(":", 1)[0] for p in points if isinstance(p, str) and ":" in p))
 
 
 def _import_registering(module: str, env: str) -> None:

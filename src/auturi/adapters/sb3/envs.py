@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from auturi.envs import entry_point_modules
 from auturi.errors import AuturiError
 
 ENV_FN_HINT = ("pass env_fn=, a zero-argument callable returning ONE gymnasium.Env as your VecEnv builds it "
@@ -154,6 +155,24 @@ class EnvFactory:
                   else layer for layer in self.layers]
         return EnvFactory(self.base, layers, self.name)
 
+    @property
+    def preload_modules(self) -> tuple[str, ...]:
+        """The modules calling this recipe imports that its pickle does not name: the env
+        class of a ``("make", spec)`` base and SB3's wrappers (imported in :func:`_apply_layer`).
+        A worker's forkserver preloads them (:func:`auturi.executor.shm.forkservers.modules_to_preload`):
+        SB3's modules import torch, seconds of a core that each env worker paid on its own.
+
+        >>> EnvFactory(("make", gym.spec("CartPole-v1")), [("atari", {})]).preload_modules
+        ('gymnasium.envs.classic_control.cartpole', 'stable_baselines3.common.atari_wrappers')
+        """
+        mods: list[str] = []
+        if self.base[0] == "make":
+            mods += entry_point_modules(self.base[1])
+        elif self.base[0] == "fn":
+            mods += getattr(self.base[1], "preload_modules", ())
+        mods += [_LAYER_MODULES[layer[0]] for layer in self.layers if layer[0] in _LAYER_MODULES]
+        return tuple(dict.fromkeys(mods))
+
     def __call__(self) -> gym.Env:
         kind = self.base[0]
         if kind == "make":
@@ -170,6 +189,10 @@ class EnvFactory:
 
     def __repr__(self) -> str:
         return f"EnvFactory({self.name}, layers={[layer[0] for layer in self.layers]})"
+
+
+_LAYER_MODULES = {"atari": "stable_baselines3.common.atari_wrappers", "sb3_monitor": "stable_baselines3.common.monitor"}
+"""The module each SB3 layer of :class:`EnvFactory` imports when it is applied."""
 
 
 def _sb3_monitor(env: gym.Env, kwargs: Mapping[str, Any], t_start: float | None) -> gym.Env:
