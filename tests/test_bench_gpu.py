@@ -84,6 +84,8 @@ def test_ratios_are_against_plain_sb3_at_the_same_steps():
     gpu._ratios(runs)
     assert runs[1]["vs_sb3_subproc"] == pytest.approx(0.5) and runs[1]["vs_sb3_subproc_with_wrap"] == pytest.approx(0.4)
     assert runs[3]["vs_sb3_subproc"] == pytest.approx(1.2)
+    # the whole script: plain SB3 builds (2 s) and learns (10 s); the wrap's builds, wraps, learns
+    assert runs[1]["vs_sb3_subproc_script"] == pytest.approx(12.0 / 27.0)
 
 
 def test_estimates_scale_the_shorter_run_and_know_nothing_before_it():
@@ -104,7 +106,7 @@ def _records() -> tuple[dict, dict, dict]:
     cfg = "actors=1 x envs=32 | env_degree=16 | policies=1@cuda batch=32"
     runs = [_run("sb3_subproc", 32_768, 12.0, layout="SubprocVecEnv x 32"),
             _run("wrap_dummy", 32_768, 15.0, wrap_seconds=1.0, layout=cfg, vs_sb3_subproc=0.8,
-                 vs_sb3_subproc_with_wrap=0.75,
+                 vs_sb3_subproc_with_wrap=0.75, vs_sb3_subproc_script=0.9,
                  tuner={"locked": cfg, "locked_at_collect": 3, "first_run": {"reconfigures": 1,
                                                                            "reconfigure_seconds": 2.5,
                                                                            "seconds_off_choice": 4.0}},
@@ -138,7 +140,7 @@ def test_the_summary_shows_every_run_its_ratio_refusals_errors_skips_and_the_mov
     md = gpu.summary(p1, p2, machine, "python -m bench.gpu --out d")
     assert "NVIDIA H200, 16 cores" in md and "commit abc" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| `auturi.wrap(model)`, DummyVecEnv"))
-    assert "15.0 (0.80x; 0.75x)" in row and row.count("|") == 4  # the config's own | are escaped
+    assert "15.0 (0.80x; 0.75x; script 0.90x)" in row and row.count("|") == 4  # the config's own | are escaped
     assert "refused (EnvRebuildError)" in md and "error: RuntimeError: boom" in md
     assert "| plain SB3, SubprocVecEnv | 12.0 | skipped |" in md
     assert "at collect 3" in md and "| 0 | serial | 1.50 |" in md and "(2.50 s)" in md
