@@ -306,9 +306,12 @@ def limit_line(result: Any) -> str | None:
         dev = limit.get("inference_device") or "cpu"
         shared = "env stepping and inference" if dev == "cpu" else f"env stepping and the host side of {dev} inference"
         loaded = limit.get("loaded_env_steps_per_second")
-        envs = fmt(limit.get("env_steps_per_second")) + (f" ({fmt(loaded)} with every core busy, as fitted)"
-                                                          if loaded else "")
-        by = f"{shared} sharing {cores} cores; the envs alone: {envs} steps/s"
+        envs = fmt(limit.get("env_steps_per_second")) + " steps/s"
+        if limit.get("env_loaded") == "measured":
+            envs += ", measured with every core busy"
+        elif loaded:
+            envs += f" ({fmt(loaded)} with every core busy, as fitted)"
+        by = f"{shared} sharing {cores} cores; the envs alone: {envs}"
     return f"the choice reaches {share:.0%} of {what} (limit {fmt(top)} steps/s: {by})"
 
 

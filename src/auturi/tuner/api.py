@@ -188,11 +188,16 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     ``"inference"`` where inference's throughput binds or uses more of the cores than the
     envs, else ``"env"``.
 
-    All of it assumes the cores scale perfectly (each steps as fast as one env alone). With
-    the model's fitted ``loaded_step_factor`` (an env step's CPU time with every core busy
-    over its time alone, :class:`~auturi.tuner.profile.Profile`) above 1,
-    ``loaded_env_steps_per_second`` is the envs-only rate at that speed (None otherwise): on
-    the GPU box of 2026-11-26 the fit said 1.8, so 16,100 steps/s where perfect scaling says 28,943.
+    Where the profile measured the env with every core busy (its ``env_loaded_step_seconds``,
+    ``auturi tune`` on 4 cores or more: :mod:`auturi.tuner.loaded`), the env's CPU per step is
+    the loaded one, stretched by the profile's measured ``loaded_step_factor``, and
+    ``env_loaded`` is ``"measured"``: on the H200 box of 2026-11-27 one env alone stepped 1.28x
+    faster than each of 16 busy vCPUs, and the limit without it said 19,633 steps/s where the
+    envs alone stepped 15,314. Otherwise all of it assumes the cores scale perfectly (each
+    steps as fast as one env alone); with the model's fitted ``loaded_step_factor`` above 1,
+    ``loaded_env_steps_per_second`` is the envs-only rate at that speed (None otherwise) and
+    ``env_loaded`` is ``"fitted"``: on the GPU box of 2026-11-26 the fit said 1.8, so 16,100
+    steps/s where perfect scaling says 28,943.
 
     >>> from auturi import CollectStats
     >>> s = [CollectStats(steps=100, seconds=0.1, env_seconds=0.05, policy_seconds=0.02)]
@@ -207,6 +212,10 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     >>> lim = machine_limit(s, cores=2, profile=gpu)   # CUDA: 100 us of host CPU a step, not 500
     >>> lim["steps_per_second"], lim["inference_device"]
     (3333.3, 'cuda')
+    >>> busy = {"env_loaded_step_seconds": 0.000625, "loaded_step_factor": 1.25}   # measured on every core
+    >>> lim = machine_limit(s, cores=2, profile=busy)   # 625 us env + 200 us inference per step
+    >>> lim["steps_per_second"], lim["env_steps_per_second"], lim["env_loaded"]
+    (2424.2, 3200.0, 'measured')
     """
     prof = profile or {}
     steps = sum(s.steps for s in serial_stats)
@@ -215,11 +224,18 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     if steps <= 0:
         return {"steps_per_second": None, "env_steps_per_second": None, "inference_steps_per_second": None,
                 "cpu_steps_per_second": None, "concurrent_steps_per_second": None, "cores": cores, "bound": "env",
-                "inference_device": None, "inference_cpu_seconds": None, "loaded_env_steps_per_second": None}
+                "inference_device": None, "inference_cpu_seconds": None, "loaded_env_steps_per_second": None,
+                "env_loaded": None}
     t_env, t_pol = env_s / steps, pol_s / steps
     frac = prof.get("env_cpu_fraction")
     frac = min(1.0, max(0.0, float(frac))) if isinstance(frac, (int, float)) else 1.0
     env_cpu = t_env * frac
+    measured = prof.get("env_loaded_step_seconds")
+    factor = prof.get("loaded_step_factor")
+    measured = isinstance(measured, (int, float)) and measured > 0 and isinstance(factor, (int, float))
+    if measured:  # what each busy core steps, measured: the limit's envs are the loaded ones
+        env_cpu *= max(1.0, float(factor))
+        loaded_step_factor = None
     env_alone = cores / env_cpu if env_cpu > 0 else math.inf
     concurrent = num_envs / t_env if num_envs and t_env > 0 else math.inf
     # Per device: (inference throughput, CPU seconds per step). The serial collects ran the
@@ -265,8 +281,11 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
             "inference_steps_per_second": num(inference), "cpu_steps_per_second": num(cpu),
             "concurrent_steps_per_second": num(concurrent), "cores": cores, "bound": bound,
             "inference_device": dev, "inference_cpu_seconds": cpu_pol if math.isfinite(cpu_pol) else None,
-            "loaded_env_steps_per_second": num(min(env_alone / loaded_step_factor, concurrent))
-            if loaded_step_factor and loaded_step_factor > 1.0 else None}
+            "loaded_env_steps_per_second": num(min(env_alone, concurrent)) if measured
+            else num(min(env_alone / loaded_step_factor, concurrent))
+            if loaded_step_factor and loaded_step_factor > 1.0 else None,
+            "env_loaded": "measured" if measured else "fitted" if loaded_step_factor and loaded_step_factor > 1.0
+            else None}
 
 
 @dataclass
@@ -472,9 +491,12 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     wait_ready = warm_backend(backend, policy_processes=built_in)
     if built_in:
         policy, _ = builtin_policy(policy, *probe_spaces(env))
+    # The model's profile also steps the env on every core at once (4 cores or more): the
+    # limit line and the model's first predictions then know what busy cores step.
+    skw = {"profile_kwargs": {"loaded": True}} if strategy == "model" else None
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
-                  cores=cores, cache=None if cache else False, callback=callback, seed=seed)
+                  cores=cores, cache=None if cache else False, callback=callback, seed=seed, strategy_kwargs=skw)
     with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
         wait_ready()  # no such import may share the cores with the first measurement
         if on_start is not None:

@@ -187,8 +187,12 @@ class Profile:
     loaded_step_factor: float = DEFAULT_LOADED_STEP_FACTOR
     """How many times its CPU time one env step takes when every core is busy, against one
     env stepping alone (SMT siblings, shared caches, memory bandwidth); 1.0: the cores scale
-    perfectly. Profiling times one env alone, so this is fitted (see
-    :data:`DEFAULT_LOADED_STEP_FACTOR`)."""
+    perfectly. Measured where ``env_loaded_step_seconds`` is (the fit then starts there),
+    else fitted (see :data:`DEFAULT_LOADED_STEP_FACTOR`)."""
+    env_loaded_step_seconds: float = 0.0
+    """One env step's wall seconds with a copy of the env stepping on every core at once
+    (:func:`auturi.tuner.loaded.time_env_loaded`; ``auturi tune`` on 4 cores or more); 0: not
+    measured."""
     device_share: float = DEFAULT_DEVICE_SHARE
     """Share of a forward pass's latency on a device (not the CPU) during which it holds the
     one device, so other processes' passes queue behind it (fitted; see
@@ -270,7 +274,7 @@ def _interp(pts: list[tuple[int, float]], x: int) -> float:
 def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
                      devices: Sequence[str] | None = None, *, env_seconds: float = 0.3,
                      policy_seconds: float = 0.05, cores: int | None = None, num_steps: int | None = None,
-                     node_cores: Sequence[int] | None = None) -> Profile:
+                     node_cores: Sequence[int] | None = None, loaded: bool = False) -> Profile:
     """Time the executor's env and policy in this process (no workers are started).
 
     Args:
@@ -281,6 +285,10 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
         policy_seconds: about how long to time each batch size (at least 3 calls).
         cores: usable cores (default: this process's affinity).
         num_steps, node_cores: see :func:`collect_fields`.
+        loaded: also step a copy of the env on every core at once (:func:`should_time_loaded`
+            says where: one machine of 4 cores or more, an env that computes), which sets
+            ``env_loaded_step_seconds`` and ``loaded_step_factor``: about ``1 + warm-up``
+            seconds and one process start per core.
 
     Raises:
         TypeError: ``executor`` lacks ``env_fns`` / ``policy`` (pass ``Profile`` yourself).
@@ -300,10 +308,33 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
     cpu: dict[str, dict[int, float]] = {}
     for dev in devices or ["cpu"]:
         wall[dev], cpu[dev] = time_policy(policy, obs, sorted(set(batch_sizes)), dev, seconds=policy_seconds)
+    cores = int(cores or usable_cores())
+    extra: dict[str, float] = {}
+    if loaded and should_time_loaded(executor, cores, cpu_frac):
+        from auturi.tuner.loaded import loaded_step_factor, time_env_loaded
+
+        timing = time_env_loaded(env_fns[0], cores, seed=int(getattr(executor, "seed", 0)))
+        if timing is not None:
+            extra = {"env_loaded_step_seconds": timing.step_seconds,
+                     "loaded_step_factor": loaded_step_factor(env_mean, cpu_frac, timing.step_seconds)}
     return Profile(env_step_seconds=env_mean, env_step_std=env_std, env_step_quantiles=tail, env_cpu_fraction=cpu_frac,
                    obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
-                   cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),
-                   **collect_fields(executor, num_steps, node_cores), profile_seconds=time.perf_counter() - t_start)
+                   cores=cores, backend=str(getattr(executor, "backend", "shm")),
+                   **collect_fields(executor, num_steps, node_cores), **extra,
+                   profile_seconds=time.perf_counter() - t_start)
+
+
+def should_time_loaded(executor: Any, cores: int, cpu_fraction: float) -> bool:
+    """Whether :func:`profile_executor` times the env loaded: on one machine (not ``ray``,
+    whose nodes the copies would not reach) of :data:`auturi.tuner.loaded.MIN_CORES` cores
+    or more, for an env that mostly computes (one that waits on a simulator elsewhere is not
+    bounded by these cores) and steps itself (EnvPool's and ale-py's vector envs run their
+    own threads)."""
+    from auturi.tuner.loaded import MIN_CORES
+
+    fns = getattr(executor, "env_fns", None) or []
+    return (cores >= MIN_CORES and cpu_fraction >= 0.5 and bool(fns)
+            and str(getattr(executor, "backend", "shm")) != "ray" and not hasattr(fns[0], "make_runner"))
 
 
 def collect_fields(executor: Any, num_steps: int | None = None,
