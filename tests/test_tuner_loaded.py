@@ -1,4 +1,4 @@
-"""The env with every core busy (auturi.tuner.loaded): copies stepped at once, each in a
+"""The env with every core busy (auturi.executor.loaded): copies stepped at once, each in a
 process of its own, measured by ``auturi tune``'s profile on machines of 4 cores or more."""
 import functools
 import multiprocessing
@@ -7,7 +7,7 @@ import pytest
 
 import auturi
 from auturi.envs.testing import FaultyEnv, HeavyTailEnv, SlowEnv
-from auturi.tuner.loaded import MIN_CORES, time_env_loaded
+from auturi.executor.loaded import MIN_CORES, time_env_loaded
 from auturi.tuner.profile import profile_executor
 
 # A step that computes (50 us spun), and one that waits (1 ms asleep)

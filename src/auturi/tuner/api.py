@@ -189,7 +189,7 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     envs, else ``"env"``.
 
     Where the profile measured the env with every core busy (its ``env_loaded_step_seconds``,
-    ``auturi tune`` on 4 cores or more: :mod:`auturi.tuner.loaded`), the env's CPU per step is
+    ``auturi tune`` on 4 cores or more: :mod:`auturi.executor.loaded`), the env's CPU per step is
     the loaded one, stretched by the profile's measured ``loaded_step_factor``, and
     ``env_loaded`` is ``"measured"``: on the H200 box of 2026-11-27 one env alone stepped 1.28x
     faster than each of 16 busy vCPUs, and the limit without it said 19,633 steps/s where the

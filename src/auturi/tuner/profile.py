@@ -191,7 +191,7 @@ class Profile:
     else fitted (see :data:`DEFAULT_LOADED_STEP_FACTOR`)."""
     env_loaded_step_seconds: float = 0.0
     """One env step's wall seconds with a copy of the env stepping on every core at once
-    (:func:`auturi.tuner.loaded.time_env_loaded`; ``auturi tune`` on 4 cores or more); 0: not
+    (:func:`auturi.executor.loaded.time_env_loaded`; ``auturi tune`` on 4 cores or more); 0: not
     measured."""
     device_share: float = DEFAULT_DEVICE_SHARE
     """Share of a forward pass's latency on a device (not the CPU) during which it holds the
@@ -311,7 +311,7 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
     cores = int(cores or usable_cores())
     extra: dict[str, float] = {}
     if loaded and should_time_loaded(executor, cores, cpu_frac):
-        from auturi.tuner.loaded import loaded_step_factor, time_env_loaded
+        from auturi.executor.loaded import loaded_step_factor, time_env_loaded
 
         timing = time_env_loaded(env_fns[0], cores, seed=int(getattr(executor, "seed", 0)))
         if timing is not None:
@@ -326,11 +326,11 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
 
 def should_time_loaded(executor: Any, cores: int, cpu_fraction: float) -> bool:
     """Whether :func:`profile_executor` times the env loaded: on one machine (not ``ray``,
-    whose nodes the copies would not reach) of :data:`auturi.tuner.loaded.MIN_CORES` cores
+    whose nodes the copies would not reach) of :data:`auturi.executor.loaded.MIN_CORES` cores
     or more, for an env that mostly computes (one that waits on a simulator elsewhere is not
     bounded by these cores) and steps itself (EnvPool's and ale-py's vector envs run their
     own threads)."""
-    from auturi.tuner.loaded import MIN_CORES
+    from auturi.executor.loaded import MIN_CORES
 
     fns = getattr(executor, "env_fns", None) or []
     return (cores >= MIN_CORES and cpu_fraction >= 0.5 and bool(fns)

@@ -1,5 +1,7 @@
 """An env's step with every core busy: copies of one env stepped at once, one per core, each in
 a process of its own, with random actions and nothing else (no policy, no IPC while they run).
+A measurement of the machine for the tuner's profile (:func:`auturi.tuner.profile.profile_executor`),
+here beside the executor because its copies start the way env workers do.
 
 One env timed alone (:func:`auturi.tuner.timing.time_env`) steps faster than each of many
 loaded cores can: they share caches, memory bandwidth and, on most cloud machines, a physical
