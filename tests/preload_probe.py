@@ -19,3 +19,20 @@ class PreloadProbeEnv(CountingEnv):
         with open(os.path.join(self.directory, str(os.getpid())), "w") as f:
             f.write("1" if IMPORTED_IN == os.getpid() else "0")
         return super().step(action)
+
+
+SEEN: list[bool] = []
+"""What :class:`ServerWatch` saw, call by call, in this process."""
+
+
+class ServerWatch:
+    """An env factory that notes, each time it makes an env in this process, whether the env
+    workers' forkserver for its own modules had been started already."""
+
+    def __call__(self):
+        from auturi.executor.shm import forkservers
+
+        key = tuple(forkservers.ENV_PRELOAD) + ("tests.preload_probe",)
+        server = forkservers._servers.get(key)
+        SEEN.append(server is not None and getattr(server, "_forkserver_pid", None) is not None)
+        return CountingEnv()

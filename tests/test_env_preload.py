@@ -172,3 +172,35 @@ def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path):
     """)
     assert main == "1" and len(workers) == 3
     assert set(workers.values()) == {"0"}, workers  # the id's module came with the forkserver
+
+
+def test_a_many_core_tuned_start_has_the_env_server_importing_before_its_envs_are_made():
+    """On 12 cores or more the online tuner starts the env workers' server at its wrap-time
+    look; the face starts it before the executor makes the start's envs in the caller (the
+    H200 box's DummyVecEnv model made 32 Pong envs and profiled before the server's imports began)."""
+    from auturi import RandomPolicy
+    from auturi.adapters.common import build_collector
+    from auturi.envs import CountingEnv
+    from tests import preload_probe
+
+    preload_probe.SEEN.clear()
+    col = build_collector([preload_probe.ServerWatch()] * 4, RandomPolicy(CountingEnv().action_space), 4,
+                          config=None, tune=True, strategy="model", budget={"cores": 16}, backend="shm", seed=0,
+                          worker_timeout=None, workload={})
+    try:
+        assert col.tuner is not None and preload_probe.SEEN and preload_probe.SEEN[0], preload_probe.SEEN
+        assert "tests.preload_probe" in col.executor._env_modules  # the executor's own server: the same one
+    finally:
+        col.executor.close()
+
+
+def test_the_env_server_starts_early_only_where_the_tuner_would_start_it_at_wrap_time():
+    from auturi import Config
+    from auturi.adapters.common import _env_workers_soon
+
+    serial = Config.serial(8)
+    assert _env_workers_soon(serial, 8, {"cores": 16})
+    assert not _env_workers_soon(serial, 8, {"cores": 4})  # few cores: the first collect decides
+    assert not _env_workers_soon(serial, 8, {"cores": 16, "early_env_share": None})  # the look is off
+    assert not _env_workers_soon(Config(1, 8, 8), 8, {"cores": 16})  # the start has env workers already
+    assert not _env_workers_soon(Config.serial(1), 1, {"cores": 16})  # one env: no env workers

@@ -735,6 +735,22 @@ class ShmExecutor(Executor):
             self._ctrl = None
 
 
+def start_env_server_early(env: Any, num_envs: int) -> bool:
+    """Start the server that an shm executor of ``env`` (``make_executor``'s first argument)
+    forks its env workers from, now, under the forkserver start method: it imports the env
+    factories' modules (SB3 and torch for an Atari model: seconds) in the background while the
+    caller builds the executor, makes the start's envs in its own process and profiles them.
+    For a caller that is about to start env workers anyway (the online tuner's wrap-time look
+    on a many-core machine); the executor finds the same server (one per set of modules).
+    True when started."""
+    if get_context().get_start_method() != "forkserver":
+        return False
+    from auturi.executor.shm.forkservers import start_env_server
+
+    start_env_server(_env_modules((env, None, num_envs), {}))
+    return True
+
+
 def _env_modules(args: tuple, kwargs: dict) -> tuple[str, ...]:
     """The modules the env factories (``Executor.__init__``'s first two arguments) import in
     a worker (:func:`~auturi.executor.shm.forkservers.modules_to_preload`), from the first one."""
