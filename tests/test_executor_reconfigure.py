@@ -155,6 +155,32 @@ def test_envs_that_cannot_move_are_recreated_and_their_episodes_cut(cls):
     assert (r["moved"], r["recreated"]) == (0, 6)  # 0-1 stay in the caller's process: not moves
 
 
+def _pong():
+    """ALE Pong with its RAM as the observation (small) and v5's sticky actions (the
+    emulator's own random generator, which must move too)."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    return gym.make("ALE/Pong-v5", obs_type="ram", repeat_action_probability=0.25, max_episode_steps=40)
+
+
+def test_atari_envs_move_with_their_emulators_state():
+    """ale-py's AtariEnv pickles as its constructor's arguments (EzPickle): moved that way a
+    game restarted, so the probe recreated Atari envs and every move cut their episodes.
+    Moves now carry the emulator's state (its random generator included): the rollouts after
+    reconfigures equal the serial run's, bit for bit, and no env is recreated."""
+    pytest.importorskip("ale_py")
+    configs = [A, A.replace(env_parallel_degree=4), Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)]
+    ref = collect_all("serial", [Config.serial(N)] * len(STEPS), make=_pong)[0]
+    got, reports, movable = collect_all("shm", configs, make=_pong)
+    assert movable
+    assert_same(got, ref)
+    assert all(r["recreated"] == 0 for r in reports) and sum(r["moved"] for r in reports) > 0
+    for before, after in zip(got, got[1:]):  # no episode was cut
+        np.testing.assert_array_equal(after.episode_starts[0], before.last_episode_starts)
+
+
 def test_reconfigure_before_the_first_collect_changes_no_data(reference):
     """Envs not reset yet are made anew where they go, with the same seeds."""
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=A, backend="shm",

@@ -8,11 +8,15 @@ an env travels with its state, for every backend:
 - :class:`Unreset`: an env a call changed before its first reset, handed on instead of made anew;
 - whether a move keeps an env whole: :func:`travels_with_state` (the probe at start: a copy must
   step as the env does) and :func:`travels_whole` (after each call that may change an env: its
-  plain attributes survive the copy). Both copy the env as a move does (:func:`_copy`).
+  plain attributes survive the copy). Both copy the env as a move does (:func:`_copy`);
+- :func:`dumps_env`, the pickle of a move: cloudpickle's, but an ale-py ``AtariEnv`` carries its
+  emulator's state (it pickles as its constructor's arguments, so a moved Atari env restarted).
 """
 from __future__ import annotations
 
 import copy as copy_module
+import io
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -201,13 +205,79 @@ def first_error(call: EnvCall, errors: list[BaseException], offset: int = 0) -> 
     return min(errors, key=position)
 
 
+def dumps_env(env: Any) -> bytes:
+    """``env`` pickled for a move to another process: ``cloudpickle.dumps``, except that an
+    ale-py ``AtariEnv`` inside it (under any wrappers) also carries its emulator's state,
+    random generator included (``ALEInterface.cloneState(include_rng=True)``), and its own
+    generator. Its pickle is its constructor's arguments (gymnasium's ``EzPickle``), so before
+    this every move of a Pong env restarted its game: the probe saw that and recreated Atari
+    envs, cutting every episode a reconfigure moved. Raises what pickling raises."""
+    import cloudpickle
+
+    buf = io.BytesIO()
+    _EnvPickler(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(env)
+    return buf.getvalue()
+
+
+def _ale_env_class() -> Any:
+    mod = sys.modules.get("ale_py.env")  # never imported here: an env of it was made already
+    return getattr(mod, "AtariEnv", None)
+
+
+def _atari_reduce(env: Any) -> Any:
+    """The reduction of an ``AtariEnv`` with its state (see :func:`dumps_env`); None when this
+    ale-py cannot clone its state (its plain pickle then applies, and the probe recreates it)."""
+    try:
+        state = env.ale.cloneState(include_rng=True)
+    except Exception:
+        return None
+    extra = {k: v for k, v in vars(env).items() if k in ("_np_random", "_np_random_seed", "spec")}
+    return _rebuild_atari, (type(env), tuple(env._ezpickle_args), dict(env._ezpickle_kwargs), state, extra)
+
+
+def _rebuild_atari(cls: type, args: tuple, kwargs: dict, state: Any, extra: dict) -> Any:
+    env = cls(*args, **kwargs)
+    env.ale.restoreState(state)
+    vars(env).update(extra)
+    return env
+
+
+def _pickler_class() -> type:
+    import cloudpickle
+
+    class EnvPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            atari = _ale_env_class()
+            if atari is not None and isinstance(obj, atari) and hasattr(obj, "_ezpickle_args"):
+                reduced = _atari_reduce(obj)
+                if reduced is not None:
+                    return reduced
+            return super().reducer_override(obj)
+
+    return EnvPickler
+
+
+class _LazyPickler:
+    """``_EnvPickler(...)`` builds the pickler class on first use (cloudpickle imported then)."""
+
+    cls: type | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cls is None:
+            self.cls = _pickler_class()
+        return self.cls(*args, **kwargs)
+
+
+_EnvPickler = _LazyPickler()
+
+
 def _copy(env: Any) -> Any:
-    """``env`` through a cloudpickle round trip, as a move to another process makes it; None
-    when it does not pickle."""
+    """``env`` through the round trip a move to another process makes (:func:`dumps_env`);
+    None when it does not pickle."""
     import cloudpickle
 
     try:
-        return cloudpickle.loads(cloudpickle.dumps(env))
+        return cloudpickle.loads(dumps_env(env))
     except Exception:
         return None
 

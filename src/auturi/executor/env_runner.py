@@ -36,7 +36,7 @@ import numpy as np
 
 from auturi.envs import env_seed
 from auturi.errors import EnvCallError
-from auturi.executor.env_calls import EnvCall, Unreset, live_env, travels_whole
+from auturi.executor.env_calls import EnvCall, Unreset, dumps_env, live_env, travels_whole
 from auturi.executor.spec import BOOL_TYPES, EnvCheckError, check_reset_output, check_step_output, finite_values
 
 _ndarray = np.ndarray
@@ -161,8 +161,6 @@ class EnvRunner:
         changed it: then it is pickled as :class:`Unreset`; ``b""``: it failed to pickle, so
         it is recreated and its episode cut, and the executor refuses that for an env a call
         changed). Closes nothing: the caller closes this runner."""
-        import cloudpickle
-
         out: dict[int, bytes | None] = {}
         unreset = set(self._unreset)
         for i, env in self.envs.items():
@@ -173,7 +171,7 @@ class EnvRunner:
                     continue
                 env = Unreset(env)
             try:
-                out[i] = cloudpickle.dumps(env)
+                out[i] = dumps_env(env)
             except Exception:  # the probe at start passed but this one cannot travel: recreated
                 out[i] = b""
         return out

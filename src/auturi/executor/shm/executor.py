@@ -42,7 +42,7 @@ from auturi.config import Config
 from auturi.errors import LostEnvChangesError, WorkerError
 from auturi.executor.base import Executor, given_num_envs
 from auturi.executor.buffers import ArrayBlock, WeightsBlock
-from auturi.executor.env_calls import EnvCall, first_error, read_env_call_answer
+from auturi.executor.env_calls import EnvCall, dumps_env, first_error, read_env_call_answer
 from auturi.executor.env_runner import make_env_runner
 from auturi.executor.layout import MAIN, LayoutPlan, ProcessPlan, plan_layout
 from auturi.executor.local_lanes import CallerWatchdog
@@ -801,7 +801,7 @@ def _pickled(env: Any) -> bytes | None:
     if env is None or isinstance(env, bytes):
         return env
     try:
-        return cloudpickle.dumps(env)
+        return dumps_env(env)
     except Exception:
         return b""
 
