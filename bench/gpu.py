@@ -227,6 +227,7 @@ def run_learn(kind: str, steps: int, s: dict[str, Any]) -> dict[str, Any]:
         if kind != "sb3_subproc":
             h = model.auturi
             out["layout"] = str(h.config)
+            out["wrap_phases"] = dict(getattr(h, "wrap_seconds", {}) or {})
             out["rollouts"] = rows
             t = h.tuner
             if t is not None:
@@ -790,6 +791,15 @@ def _part1_md(rec: dict) -> list[str]:
     if rec["skipped"]:
         out += ["", "Skipped (time budget): " + "; ".join(rec["skipped"]) + ". To measure them: "
                 "`python -m bench.gpu --parts 1 --steps N --out DIR` (every system at N steps)."]
+    phases = [r for r in rec["runs"] if r.get("wrap_phases")]
+    if phases:
+        out += ["", "Where each wrap's seconds went (`model.auturi.wrap_seconds`):", "",
+                "| run | steps | envs rebuilt | executor started | wrap-time look | of it, moves | total |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in phases:
+            w = r["wrap_phases"]
+            out.append(f"| {r['system']} | {r['steps']:,} | " + " | ".join(
+                _f(w.get(k)) for k in ("envs", "executor", "tuner", "moves", "total")) + " |")
     for r in rec["runs"]:
         if r.get("rollouts") and r.get("tuner"):
             t = r["tuner"]

@@ -107,6 +107,7 @@ def _records() -> tuple[dict, dict, dict]:
     runs = [_run("sb3_subproc", 32_768, 12.0, layout="SubprocVecEnv x 32"),
             _run("wrap_dummy", 32_768, 15.0, wrap_seconds=1.0, layout=cfg, vs_sb3_subproc=0.8,
                  vs_sb3_subproc_with_wrap=0.75, vs_sb3_subproc_script=0.9,
+                 wrap_phases={"envs": 0.5, "executor": 2.0, "tuner": 3.0, "moves": 2.5, "total": 5.5},
                  tuner={"locked": cfg, "locked_at_collect": 3, "first_run": {"reconfigures": 1,
                                                                            "reconfigure_seconds": 2.5,
                                                                            "seconds_off_choice": 4.0}},
@@ -142,6 +143,7 @@ def test_the_summary_shows_every_run_its_ratio_refusals_errors_skips_and_the_mov
     row = next(ln for ln in md.splitlines() if ln.startswith("| `auturi.wrap(model)`, DummyVecEnv"))
     assert "15.0 (0.80x; 0.75x; script 0.90x)" in row and row.count("|") == 4  # the config's own | are escaped
     assert "refused (EnvRebuildError)" in md and "error: RuntimeError: boom" in md
+    assert "| wrap_dummy | 32,768 | 0.5 | 2.0 | 3.0 | 2.5 | 5.5 |" in md  # where the wrap's seconds went
     assert "| plain SB3, SubprocVecEnv | 12.0 | skipped |" in md
     assert "at collect 3" in md and "| 0 | serial | 1.50 |" in md and "(2.50 s)" in md
     assert "| 20,000 | 2.50x | 69% |" in md and "error: ValueError: no" in md

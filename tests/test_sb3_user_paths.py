@@ -531,3 +531,26 @@ def test_monitors_getters_reach_the_envs_that_train():
         assert env.env_method("get_episode_rewards", indices=[1]) == [[float(x) for x in seen.lengths[1]]]
     finally:
         model.auturi.close()
+
+
+def test_the_wrap_says_where_its_seconds_went(capsys, tmp_path, monkeypatch):
+    """``model.auturi.wrap_seconds``: rebuilding the envs, starting the executor, the tuner's
+    wrap-time look (the H200 box's wraps took 10-22 s, and nothing said where); ``verbose=1``
+    prints it in one line."""
+    monkeypatch.setenv("AUTURI_CACHE_DIR", str(tmp_path))
+    fixed = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4, seed=0), n_steps=8, seed=0, verbose=1)
+    fixed = auturi.wrap(fixed, config=auturi.Config(num_actors=1, envs_per_actor=4, env_parallel_degree=2))
+    tuned = auturi.wrap(PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=4, seed=0), n_steps=8, seed=0))
+    try:
+        for h in (fixed.auturi, tuned.auturi):
+            w = h.wrap_seconds
+            assert set(w) == {"envs", "executor", "tuner", "moves", "total"}
+            assert all(v >= 0 for v in w.values())
+            assert w["total"] == pytest.approx(w["envs"] + w["executor"] + w["tuner"])
+        assert fixed.auturi.wrap_seconds["tuner"] < 0.05 and fixed.auturi.wrap_seconds["moves"] == 0  # no tuner
+        out = capsys.readouterr().out
+        assert "auturi: wrapped in " in out and "executor started" in out and "env_degree=2" in out
+        assert out.count("auturi: wrapped in ") == 1  # the second model is verbose=0
+    finally:
+        fixed.auturi.close()
+        tuned.auturi.close()

@@ -166,6 +166,7 @@ class SB3Handle(FaceHandle):
         self._warned_on_step = False  # an env call from on_step was told it lands a rollout later (_EnvCallGuard)
         self._guarded: tuple[Any, dict[str, Any]] | None = None  # (VecEnv, its own calls) (see guard_env_calls)
         self.nan_checks: list[tuple[Any, bool]] = []  # VecCheckNan wrappers the replay runs (recover.nan_checks)
+        self.wrap_seconds: dict[str, float] = {}  # where the wrap's seconds went (wrap.wrap_seconds)
 
     def __reduce__(self) -> tuple:
         # Pickling a wrapped model reached the executor's semaphores ("Semaphore objects should

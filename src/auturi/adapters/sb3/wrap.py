@@ -5,6 +5,7 @@
 replay; :func:`unwrap_sb3` undoes it."""
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -135,8 +136,10 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
     if config is not None and config.num_envs != n:
         raise total_envs_error(config, n, "the model's n_envs")
 
+    t0 = time.perf_counter()
     base_venv, vec_layers, vecnorm = split_vec_wrappers(model.env)
     factories = _env_factories(model, env_fn, base_venv, vec_layers, vecnorm)
+    t_envs = time.perf_counter()
     raw_space = (vecnorm.venv if vecnorm is not None else model.env).observation_space
     seeds = getattr(base_venv, "_seeds", None)
     seed = resolve_seed(seed, getattr(model, "seed", None),
@@ -169,18 +172,44 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
                                 status_port=status_port, verbose=model.verbose >= 1,
                                 executor_kwargs=executor_kwargs)
     handle = SB3Handle(collector, adapter, vecnorm, model.env, seed, raw_space, model=model)
+    t_exec = time.perf_counter()
     if collector.tuner is not None and not off_policy:
         try:  # a cached choice's processes start now, as a fixed config's do, not inside learn
             collector.tuner.begin(int(model.n_steps))
         except BaseException:
             handle.close()
             raise
+    handle.wrap_seconds = wrap_seconds(t0, t_envs, t_exec, time.perf_counter(), collector.tuner)
+    if model.verbose >= 1:
+        print(f"auturi: {describe_wrap(handle.wrap_seconds, handle.config)}")
     handle.guard_env_calls(base_venv)  # env_method / set_attr / get_attr go to the envs that train
     handle.nan_checks = checks
     model.auturi = handle
     model.collect_rollouts = types.MethodType(replay.collect_rollouts, model)
     model._excluded_save_params = types.MethodType(_excluded_save_params, model)
     return model
+
+
+def wrap_seconds(t0: float, t_envs: float, t_exec: float, t_end: float, tuner: Any) -> dict[str, float]:
+    """Where a wrap's seconds went (``model.auturi.wrap_seconds``): ``envs``, rebuilding the
+    env recipes from the model's VecEnv (a ``SubprocVecEnv``'s are read in its workers);
+    ``executor``, building the executor at its first layout (its processes, their servers'
+    imports, the envs it makes); ``tuner``, the online tuner's wrap-time look (its profile,
+    and any move, whose seconds are also ``moves``); ``total``."""
+    moves = sum(float(m.get("seconds") or 0.0) for m in (tuner.reconfigures if tuner is not None else ()))
+    return {"envs": t_envs - t0, "executor": t_exec - t_envs, "tuner": t_end - t_exec, "moves": moves,
+            "total": t_end - t0}
+
+
+def describe_wrap(secs: dict[str, float], config: Any) -> str:
+    """One line of :func:`wrap_seconds`, as ``verbose=1`` prints it.
+
+    >>> describe_wrap({"envs": 0.5, "executor": 2.0, "tuner": 3.0, "moves": 2.5, "total": 5.5}, "serial")
+    'wrapped in 5.5 s: envs rebuilt 0.5 s, executor started 2.0 s, wrap-time look 3.0 s (moves 2.5 s); runs serial'
+    """
+    look = f", wrap-time look {secs['tuner']:.1f} s" + (f" (moves {secs['moves']:.1f} s)" if secs["moves"] else "")
+    return (f"wrapped in {secs['total']:.1f} s: envs rebuilt {secs['envs']:.1f} s, executor started "
+            f"{secs['executor']:.1f} s{look if secs['tuner'] >= 0.05 else ''}; runs {config}")
 
 
 def _check_model(model: Any) -> bool:
