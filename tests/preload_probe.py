@@ -32,7 +32,9 @@ class ServerWatch:
     def __call__(self):
         from auturi.executor.shm import forkservers
 
-        key = tuple(forkservers.ENV_PRELOAD) + ("tests.preload_probe",)
-        server = forkservers._servers.get(key)
-        SEEN.append(server is not None and getattr(server, "_forkserver_pid", None) is not None)
+        # The server's key also holds the id providers this process has imported (ale_py
+        # after an Atari test): any env server preloading this module counts.
+        SEEN.append(any(key[:len(forkservers.ENV_PRELOAD)] == tuple(forkservers.ENV_PRELOAD)
+                        and "tests.preload_probe" in key and getattr(server, "_forkserver_pid", None) is not None
+                        for key, server in list(forkservers._servers.items())))
         return CountingEnv()
