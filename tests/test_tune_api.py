@@ -134,3 +134,20 @@ def test_progress_says_trial_n_of_at_most_m_and_time_left():
     fields = progress_fields(SimpleNamespace(status=status))
     assert fields["description"].startswith("search    trial 5 of at most 9, 7 s left")
     assert fields["completed"] == int(1000 * (1 - 7.2 / 15.0))
+
+
+def test_a_tune_over_a_gpu_measures_its_baselines_with_the_policy_on_the_gpu():
+    """``devices`` naming a GPU: the start is serial with the policy there (the loop a GPU user
+    runs) and so is the serial baseline, as the online tuner's. On the H200 box the offline
+    tuner measured serial with CPU inference (758 steps/s on Pong): most of its 45 s budget,
+    2 configs measured. The limit reads the serial collects' passes as the GPU's."""
+    from auturi.testing.emulated_gpu import emulated_box
+
+    with emulated_box("pong-like", time_scale=0.02, context_seconds=0.0) as box:
+        result = auturi.tune(box.env, policy=box.policy(), num_envs=4, num_steps=4, budget_trials=2,
+                             devices=["cpu", "cuda"], backend="serial", cache=False)
+    assert result.start == auturi.Config.serial(4, "cuda")
+    baselines = [t for t in result.trials if t.source in ("start", "serial")]
+    assert [t.config for t in baselines] == [auturi.Config.serial(4, "cuda")]  # serial is the start: measured once
+    assert not any(t.config == auturi.Config.serial(4) and t.source == "serial" for t in result.trials)
+    assert result.limit["steps_per_second"] is not None

@@ -161,15 +161,16 @@ def time_split(stats: list[Any], num_actors: int) -> dict[str, float]:
 
 
 def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] | None = None,
-                  num_envs: int | None = None, loaded_step_factor: float | None = None) -> dict[str, Any]:
+                  num_envs: int | None = None, loaded_step_factor: float | None = None,
+                  serial_device: str = "cpu") -> dict[str, Any]:
     """This machine's estimated ceiling for the workload, in steps/s, from the serial
     config's collects (envs and policy in the caller, no IPC) and the model strategy's
     profile when there is one. What needs the cores (env stepping with the loop's
     bookkeeping, CPU inference, the host side of a GPU's forward passes) is kept apart from
     what a GPU does, so on a GPU machine the cores are not charged for CUDA inference.
 
-    For each inference device the profile timed (else the CPU, from the serial collects), the
-    least of:
+    For each inference device the profile timed (else ``serial_device``, where the serial
+    collects ran their policy), the least of:
 
     - ``cpu_steps_per_second``: ``cores / (env CPU + that device's CPU per step)``. The env's
       CPU is the serial collects' env time per step times the profile's ``env_cpu_fraction``
@@ -212,6 +213,8 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     >>> lim = machine_limit(s, cores=2, profile=gpu)   # CUDA: 100 us of host CPU a step, not 500
     >>> lim["steps_per_second"], lim["inference_device"]
     (3333.3, 'cuda')
+    >>> machine_limit(s, cores=2, serial_device="cuda")["inference_device"]   # serial's passes ran on cuda
+    'cuda'
     >>> busy = {"env_loaded_step_seconds": 0.000625, "loaded_step_factor": 1.25}   # measured on every core
     >>> lim = machine_limit(s, cores=2, profile=busy)   # 625 us env + 200 us inference per step
     >>> lim["steps_per_second"], lim["env_steps_per_second"], lim["env_loaded"]
@@ -239,8 +242,12 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     env_alone = cores / env_cpu if env_cpu > 0 else math.inf
     concurrent = num_envs / t_env if num_envs and t_env > 0 else math.inf
     # Per device: (inference throughput, CPU seconds per step). The serial collects ran the
-    # policy on the CPU: their time per step is the fallback for it.
-    devices: dict[str, tuple[float, float]] = {"cpu": (1.0 / t_pol if t_pol > 0 else math.inf, t_pol)}
+    # policy on serial_device: their time per step is the fallback for it (all of it CPU time
+    # on the CPU, a tenth on a device: its launches and copies).
+    serial_on_cpu = str(serial_device).split(":")[0] == "cpu"
+    devices: dict[str, tuple[float, float]] = {
+        "cpu" if serial_on_cpu else str(serial_device):
+        (1.0 / t_pol if t_pol > 0 else math.inf, t_pol if serial_on_cpu else 0.1 * t_pol)}
     for dev, table in (prof.get("policy_seconds") or {}).items():
         rates = [int(b) / float(t) for b, t in table.items() if float(t) > 0]
         cpu_table = (prof.get("policy_cpu_seconds") or {}).get(dev)
@@ -251,7 +258,7 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
             per_row = [float(t) / int(b) * (1.0 if on_cpu else 0.1) for b, t in table.items() if float(t) > 0]
         best_rate = max(rates) if rates else math.inf
         cpu_pol = min(per_row) if per_row else (t_pol if on_cpu else 0.0)
-        if on_cpu:
+        if on_cpu and "cpu" in devices:
             old_rate, _ = devices["cpu"]
             best_rate = max(best_rate, old_rate) if math.isfinite(old_rate) else best_rate
         devices["cpu" if on_cpu else str(dev)] = (best_rate, cpu_pol)
@@ -343,7 +350,7 @@ def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
         list(dict.fromkeys(t.config for t in result.trials))
     splits = [{"config": c.to_dict(), "label": str(c), "split": time_split(recorder.stats[c], c.num_actors)}
               for c in finalists if recorder.stats.get(c)]
-    serial = Config.serial(result.start.num_envs)
+    serial = Config.serial(result.start.num_envs, result.start.policy_device)  # the tuner's serial baseline
     cores = int((result.hardware or {}).get("cores") or os.cpu_count() or 1)
     profile = (result.strategy or {}).get("profile")
     # The model strategy's fit (the record's "fitted": what its measurements said the
@@ -351,7 +358,8 @@ def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
     factor = ((result.strategy or {}).get("fitted") or {}).get("loaded_step_factor")
     limit = machine_limit(recorder.stats.get(serial, []), cores, profile if isinstance(profile, dict) else None,
                           num_envs=result.start.num_envs,
-                          loaded_step_factor=float(factor) if isinstance(factor, (int, float)) else None)
+                          loaded_step_factor=float(factor) if isinstance(factor, (int, float)) else None,
+                          serial_device=serial.policy_device)
     return TuneReport(**{f: getattr(result, f) for f in result.__dataclass_fields__}, splits=splits, limit=limit)
 
 
@@ -453,7 +461,9 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
         budget_trials: most configs measured in the search, baselines included.
         strategy: ``"model"`` (profile, predict, measure the promising), ``"grid"``, ``"optuna"``.
         backend: ``"shm"``, ``"serial"`` or ``"ray"`` (``address=`` picks the cluster).
-        start: your current layout, measured as a baseline (default: serial).
+        start: your current layout, measured as a baseline (default: serial, its policy on
+            the first GPU ``devices`` names, else on the CPU: the loop a GPU user runs).
+            Serial is measured too, its policy on the start's device.
         devices: policy devices to consider (default: cpu, plus cuda when present).
         cores: the cores to plan for: the search space's process cap and the model's cores
             (default: the cores this process may run on). Fewer leaves the rest to other work
@@ -497,6 +507,10 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
                   cores=cores, cache=None if cache else False, callback=callback, seed=seed, strategy_kwargs=skw)
+    if start is None and devices:
+        gpu = next((d for d in devices if str(d).split(":")[0] != "cpu"), None)
+        if gpu is not None:  # the loop a GPU user runs: its baselines measure at its speed, not CPU inference's
+            start = Config.serial(int(num_envs), gpu)
     with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
         wait_ready()  # no such import may share the cores with the first measurement
         if on_start is not None:

@@ -163,7 +163,10 @@ class Tuner(_Session):
         self._setup(executor, num_steps)
         n = executor.num_envs
         start = executor.config
-        serial = Config.serial(n)
+        # Serial runs the policy where the start does, as the online tuner's baseline: a GPU
+        # user's own loop acts on the GPU, and on the H200 box (2026-11-27) serial with CPU
+        # inference (758 steps/s on Pong) took most of a 45 s budget, leaving 2 configs measured.
+        serial = Config.serial(n, start.policy_device)
         self._set_phase("baseline")
         # The cached choice first (a second run starts at the known best), then the two
         # configs the choice must never be slower than.
