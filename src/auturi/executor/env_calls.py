@@ -15,6 +15,7 @@ an env travels with its state, for every backend:
 from __future__ import annotations
 
 import copy as copy_module
+import functools
 import io
 import sys
 import traceback
@@ -215,7 +216,7 @@ def dumps_env(env: Any) -> bytes:
     import cloudpickle
 
     buf = io.BytesIO()
-    _EnvPickler(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(env)
+    _pickler_class()(buf, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(env)
     return buf.getvalue()
 
 
@@ -242,7 +243,9 @@ def _rebuild_atari(cls: type, args: tuple, kwargs: dict, state: Any, extra: dict
     return env
 
 
+@functools.lru_cache(maxsize=None)
 def _pickler_class() -> type:
+    """cloudpickle's pickler with :func:`_atari_reduce` first (made once, on first use)."""
     import cloudpickle
 
     class EnvPickler(cloudpickle.Pickler):
@@ -255,20 +258,6 @@ def _pickler_class() -> type:
             return super().reducer_override(obj)
 
     return EnvPickler
-
-
-class _LazyPickler:
-    """``_EnvPickler(...)`` builds the pickler class on first use (cloudpickle imported then)."""
-
-    cls: type | None = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.cls is None:
-            self.cls = _pickler_class()
-        return self.cls(*args, **kwargs)
-
-
-_EnvPickler = _LazyPickler()
 
 
 def _copy(env: Any) -> Any:
