@@ -40,6 +40,11 @@ nothing but torch, gymnasium, SB3 and ale-py beside auturi, so the three parts, 
 budget, the records and the summary travel together.
 
 Run (GPU box):  PYTHONPATH=src python -m bench.gpu --out DIR
+On the device tool's machine (2026-11-27: Python 3.12, torch 2.11+cu130, no internet), carry
+wheels of gymnasium, farama-notifications, stable-baselines3 and ale-py, and run the CUDA tests
+and this in ONE call (an idle machine is given back after 30 s; a second call paid a new
+start): ``pytest tests/ -k "cuda or gpu"`` capped at 90 s, then ``--budget-seconds 480``
+under a 540 s timeout, so part 1's 98k-step runs and part 3 fit (at 330 s both were cut).
 Check (no GPU): PYTHONPATH=src python -m bench.gpu --smoke --out /tmp/gpu_smoke   (tiny, on cpu)
 """
 from __future__ import annotations
