@@ -151,3 +151,13 @@ def test_a_tune_over_a_gpu_measures_its_baselines_with_the_policy_on_the_gpu():
     assert [t.config for t in baselines] == [auturi.Config.serial(4, "cuda")]  # serial is the start: measured once
     assert not any(t.config == auturi.Config.serial(4) and t.source == "serial" for t in result.trials)
     assert result.limit["steps_per_second"] is not None
+    with emulated_box("pong-like", time_scale=0.02, context_seconds=0.0) as box:  # devices left to the machine
+        result = auturi.tune(box.env, policy=box.policy(), num_envs=4, num_steps=4, budget_trials=1,
+                             backend="serial", cache=False)
+    assert result.start == auturi.Config.serial(4, "cuda")
+    plain = auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=2, num_steps=4,
+                           budget_trials=1, backend="serial", cache=False)
+    from auturi.tuner.space import available_devices
+
+    here = "cuda" if "cuda" in available_devices() else "cpu"  # no GPU (CI): the CPU, as before
+    assert plain.start == auturi.Config.serial(2, here)

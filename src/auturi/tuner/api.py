@@ -462,8 +462,9 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
         strategy: ``"model"`` (profile, predict, measure the promising), ``"grid"``, ``"optuna"``.
         backend: ``"shm"``, ``"serial"`` or ``"ray"`` (``address=`` picks the cluster).
         start: your current layout, measured as a baseline (default: serial, its policy on
-            the first GPU ``devices`` names, else on the CPU: the loop a GPU user runs).
-            Serial is measured too, its policy on the start's device.
+            the first GPU among the devices considered, else on the CPU: the loop a GPU user
+            runs; on the ``ray`` backend, the CPU). Serial is measured too, its policy on the
+            start's device.
         devices: policy devices to consider (default: cpu, plus cuda when present).
         cores: the cores to plan for: the search space's process cap and the model's cores
             (default: the cores this process may run on). Fewer leaves the rest to other work
@@ -507,8 +508,10 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,
                   cores=cores, cache=None if cache else False, callback=callback, seed=seed, strategy_kwargs=skw)
-    if start is None and devices:
-        gpu = next((d for d in devices if str(d).split(":")[0] != "cpu"), None)
+    if start is None and backend != "ray":
+        from auturi.tuner.space import available_devices
+
+        gpu = next((d for d in (devices or available_devices()) if str(d).split(":")[0] != "cpu"), None)
         if gpu is not None:  # the loop a GPU user runs: its baselines measure at its speed, not CPU inference's
             start = Config.serial(int(num_envs), gpu)
     with make_executor(env, policy, num_envs, start, backend=backend, seed=seed, **executor_kwargs) as ex:
