@@ -516,11 +516,15 @@ def _tune_record(rep: Any) -> dict[str, Any]:
     what it predicted and measured for it, its limit line and its trials."""
     choice = rep.choice
     pred = [t.predicted for t in rep.trials if t.config == choice and t.predicted]
+    try:  # the whole record (its profile, the fit, every sample): the model is re-checked from it offline
+        whole = rep.to_record()
+    except Exception as e:  # noqa: BLE001 - a bench's extra, never its failure
+        whole = {"error": f"{type(e).__name__}: {e}"}
     return {"config": choice, "choice": str(choice), "tuner_measured": rep.throughput,
             "predicted": pred[0] if pred else None, "limit": rep.limit, "limit_share": rep.limit_share(),
             "reason": rep.reason, "seconds": rep.seconds,
             "trials": [{"config": str(t.config), "source": t.source, "estimate": t.estimate, "predicted": t.predicted,
-                        "status": t.status} for t in rep.trials]}
+                        "status": t.status} for t in rep.trials], "record": whole}
 
 
 # -- part 3: C++ vector env (ale-py's AtariVectorEnv)

@@ -6,6 +6,7 @@ CI, so it is not run here: run it by hand (``PYTHONPATH=src python -m bench.gpu 
 seconds and is run here."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -237,3 +238,19 @@ def test_the_smoke_run_of_part3_measures_every_system_on_cpu(tmp_path):
     assert rec["skipped"] == ["auturi.tune (no tune asked: --ale-tune-seconds 0)"]
     md = (tmp_path / "summary.md").read_text()
     assert "## Part 3" in md and "Part 1" not in md and "Part 2" not in md
+
+
+def test_the_tune_record_keeps_the_whole_report_for_an_offline_model_check():
+    """The H200 run kept only the tuner's choice and trials; the profile the model predicted
+    from (and its fit) is what checking the model against that box needs."""
+    import gymnasium as gym
+
+    import auturi
+    from auturi.envs import CountingEnv
+
+    rep = auturi.tune(CountingEnv, policy=auturi.RandomPolicy(gym.spaces.Discrete(3)), num_envs=2, num_steps=4,
+                      budget_trials=2, backend="serial", cache=False)
+    rec = gpu._tune_record(rep)
+    assert rec["choice"] == str(rep.choice) and rec["trials"]
+    assert rec["record"]["strategy"]["profile"]["env_step_seconds"] > 0  # what the model predicted from
+    json.dumps(rec, default=str)  # it goes into part 2's JSON
