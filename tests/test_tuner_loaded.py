@@ -64,3 +64,22 @@ def test_auturi_tune_measures_it_and_its_limit_line_says_so():
     line = limit_line(result)  # the 50 us env on 2 cores, inference nearly free: bound by the cores
     assert line is not None and "cores can step" in line, line
     assert line.endswith("steps/s, measured with every core busy)"), line
+
+
+def test_an_env_that_cannot_reach_a_process_measures_nothing_and_raises_nothing():
+    import threading
+
+    class Locked(HeavyTailEnv):  # holds a lock: its factory does not pickle
+        pass
+
+    lock = threading.Lock()
+
+    def make():
+        env = Locked(base_seconds=5e-5, tail_prob=0.0)
+        env.lock = lock
+        return env
+
+    make.lock = lock  # the factory itself carries the unpicklable lock
+    before = _our_children()
+    assert time_env_loaded(make, processes=2, seconds=0.1) is None
+    assert _our_children() <= before
