@@ -56,9 +56,9 @@ def test_a_search_trial_is_clearly_slower_only_when_every_sample_is():
 # ---------------------------------------------------------------------------- the search's choices
 def test_the_baselines_are_the_start_then_serial_on_its_device_once_each():
     cuda_start = Config(1, 4, 4, 1, "cuda", 4)
-    assert baselines(cuda_start, 4, [], []) == [(cuda_start, "start"), (Config.serial(4, "cuda"), "serial")]
-    assert baselines(SERIAL, 4, [], []) == [(SERIAL, "start")]  # serial is the start
-    assert baselines(cuda_start, 4, [trial(cuda_start, "start", 1.0)], [(Config.serial(4, "cuda"), "serial")]) == []
+    assert baselines(cuda_start, [], []) == [(cuda_start, "start"), (Config.serial(4, "cuda"), "serial")]
+    assert baselines(SERIAL, [], []) == [(SERIAL, "start")]  # serial is the start
+    assert baselines(cuda_start, [trial(cuda_start, "start", 1.0)], [(Config.serial(4, "cuda"), "serial")]) == []
 
 
 def test_a_cuda_model_is_proposed_layouts_acting_on_cuda_first():

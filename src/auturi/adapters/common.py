@@ -209,19 +209,16 @@ def build_collector(env_fns: Sequence[Any], policy: Any, num_envs: int, *, confi
 
 
 def _env_workers_soon(start: Config, num_envs: int, tuner_kw: Mapping[str, Any]) -> bool:
-    """Whether the online tuner will start the env workers' server at its wrap-time look
-    (:meth:`auturi.tuner.online_begin.Opening.warm_at_begin`: a start stepping its envs in the
-    caller, on ``EARLY_CORES`` cores or more, unless ``early_env_share`` is off). The face then
-    starts it before the executor is built: on the H200 box of 2026-11-27 the start's 32 Pong
+    """Whether the online tuner built with ``tuner_kw`` will start the env workers' server at
+    its wrap-time look (:func:`auturi.tuner.online_begin.warms_env_server_at_begin`, for two
+    envs or more). The face then starts it before the executor is built: on the H200 box of 2026-11-27 the start's 32 Pong
     envs were made in the caller and env 0 and the policy profiled (about 9 s of a 15.6 s
     wrap) before the server began its imports, which the move to env workers then waited for."""
     from auturi.resources import usable_cores
-    from auturi.tuner.online_begin import EARLY_CORES
-    from auturi.tuner.rollout_profile import profiles_in_process
+    from auturi.tuner.online_begin import warms_env_server_at_begin
 
     share = tuner_kw.get("early_env_share", OnlineSettings().early_env_share)
-    cores = tuner_kw.get("cores") or usable_cores()
-    return share is not None and num_envs >= 2 and int(cores) >= EARLY_CORES and profiles_in_process(start)
+    return num_envs >= 2 and warms_env_server_at_begin(start, int(tuner_kw.get("cores") or usable_cores()), share)
 
 
 def start_status_server(snapshot: Any, tuner: Any, start: Config, port: int, verbose: bool) -> Any:

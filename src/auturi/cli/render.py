@@ -162,7 +162,7 @@ def config_rows(result: Any) -> list[Row]:
     figure: the confirm rounds', else the re-measure's, else its latest search trial's (the
     order :attr:`~auturi.tuner.TuneResult.choice_trial` reads them in). The choice first,
     then the confirm rounds, the re-measure and the search, fastest first within each."""
-    from auturi.config import Config
+    from auturi.tuner.space import serial_baseline
 
     confirm = [t for t in result.final if t.source == "confirm"]
     decide = [t for t in result.final if t.source != "confirm"]
@@ -172,7 +172,7 @@ def config_rows(result: Any) -> list[Row]:
             figure[t.config] = t
     for t in (result.trials + result.final)[::-1]:  # never measured: its last attempt and why
         figure.setdefault(t.config, t)
-    serial = Config.serial(result.start.num_envs, result.start.policy_device)
+    serial = serial_baseline(result.start)
     cached = {t.config for t in result.trials if t.source == "cache"}
     predicted = {t.config: t.predicted for t in result.trials + result.final if t.predicted is not None}
     rows = []

@@ -39,6 +39,7 @@ from typing import Any
 from auturi.config import Config
 from auturi.tuner.offline import Tuner
 from auturi.tuner.result import Callback, TuneResult
+from auturi.tuner.space import serial_baseline
 
 __all__ = ["TuneReport", "builtin_policy", "machine_limit", "probe_spaces", "time_split", "trial_bound", "tune"]
 
@@ -233,9 +234,9 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     frac = prof.get("env_cpu_fraction")
     frac = min(1.0, max(0.0, float(frac))) if isinstance(frac, (int, float)) else 1.0
     env_cpu = t_env * frac
-    measured = prof.get("env_loaded_step_seconds")
+    loaded_step = prof.get("env_loaded_step_seconds")
     factor = prof.get("loaded_step_factor")
-    measured = isinstance(measured, (int, float)) and measured > 0 and isinstance(factor, (int, float))
+    measured = isinstance(loaded_step, (int, float)) and loaded_step > 0 and isinstance(factor, (int, float))
     if measured:  # what each busy core steps, measured: the limit's envs are the loaded ones
         env_cpu *= max(1.0, float(factor))
         loaded_step_factor = None
@@ -350,7 +351,7 @@ def _explain(result: TuneResult, recorder: _StatsRecorder) -> TuneReport:
         list(dict.fromkeys(t.config for t in result.trials))
     splits = [{"config": c.to_dict(), "label": str(c), "split": time_split(recorder.stats[c], c.num_actors)}
               for c in finalists if recorder.stats.get(c)]
-    serial = Config.serial(result.start.num_envs, result.start.policy_device)  # the tuner's serial baseline
+    serial = serial_baseline(result.start)
     cores = int((result.hardware or {}).get("cores") or os.cpu_count() or 1)
     profile = (result.strategy or {}).get("profile")
     # The model strategy's fit (the record's "fitted": what its measurements said the

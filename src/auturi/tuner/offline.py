@@ -36,7 +36,7 @@ from auturi.tuner.measure import (
 )
 from auturi.tuner.result import Callback, TuneError, TuneResult, _fmt
 from auturi.tuner.session import _Session
-from auturi.tuner.space import SearchSpace
+from auturi.tuner.space import SearchSpace, serial_baseline
 from auturi.tuner.strategies import Strategy
 
 FINAL_SHARE = 0.3
@@ -161,12 +161,8 @@ class Tuner(_Session):
         Raises :class:`TuneError` if a config fails (the executor has then closed itself).
         """
         self._setup(executor, num_steps)
-        n = executor.num_envs
         start = executor.config
-        # Serial runs the policy where the start does, as the online tuner's baseline: a GPU
-        # user's own loop acts on the GPU, and on the H200 box (2026-11-27) serial with CPU
-        # inference (758 steps/s on Pong) took most of a 45 s budget, leaving 2 configs measured.
-        serial = Config.serial(n, start.policy_device)
+        serial = serial_baseline(start)
         self._set_phase("baseline")
         # The cached choice first (a second run starts at the known best), then the two
         # configs the choice must never be slower than.

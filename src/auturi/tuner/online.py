@@ -290,7 +290,7 @@ class OnlineTuner(_Session):
             self._at_begin = False
 
     def _queue_baselines(self) -> None:
-        self._queue += online_search.baselines(self.start_config, self.executor.num_envs, self.history, self._queue)
+        self._queue += online_search.baselines(self.start_config, self.history, self._queue)
 
     def _cache_verdict(self, trial: Trial) -> None:
         """After the cached choice's trial: lock it in when confirmed (:func:`payback.cache_verdict`),

@@ -71,6 +71,14 @@ class FirstLook(NamedTuple):
     """The (env, CPU) share of the collect's wall time (None: not read, the start ran its envs elsewhere)."""
 
 
+def warms_env_server_at_begin(start: Config, cores: int, early_env_share: float | None) -> bool:
+    """Whether the online tuner starts the env workers' server at its wrap-time look
+    (:meth:`Opening.warm_at_begin`): on ``EARLY_CORES`` cores or more, for a start that steps
+    its envs in the caller, unless ``early_env_share`` is off. The SB3 face asks it too, to
+    start that server before it builds the executor."""
+    return early_env_share is not None and cores >= EARLY_CORES and profiles_in_process(start)
+
+
 def first_look(config: Config, stats: Any, seconds: float, cpu_seconds: float, *, early_env_share: float | None,
                cores: int) -> FirstLook | None:
     """At the run's first collect (under ``config``, ``seconds`` long, ``cpu_seconds`` of the
@@ -220,13 +228,12 @@ class Opening:
         return "rollouts"
 
     def warm_at_begin(self, cores: int) -> bool:
-        """On ``EARLY_CORES`` cores or more, start the env workers' server before the first
-        collect (the SB3 face begins at wrap time), for a start that steps its envs in the
-        caller; True when it started. One core of many for a fraction of a second, and the
-        first collect then tells whether env workers are the move with their server ready, so
-        the move comes right after it."""
-        return (self.settings.early_env_share is not None and cores >= EARLY_CORES
-                and profiles_in_process(self.start) and self.moves.warm_ahead())
+        """Where :func:`warms_env_server_at_begin` says so, start the env workers' server
+        before the first collect (the SB3 face begins at wrap time); True when it started. One
+        core of many for a fraction of a second, and the first collect then tells whether env
+        workers are the move with their server ready, so the move comes right after it."""
+        return (warms_env_server_at_begin(self.start, cores, self.settings.early_env_share)
+                and self.moves.warm_ahead())
 
     def look(self, config: Config, stats: Any, seconds: float, cpu_seconds: float, cores: int) -> None:
         """The first collect's look (:func:`first_look`): sets ``room`` where it tells."""

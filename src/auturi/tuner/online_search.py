@@ -23,7 +23,7 @@ from typing import Any
 
 from auturi.config import Config
 from auturi.tuner.measure import Trial
-from auturi.tuner.space import SearchSpace
+from auturi.tuner.space import SearchSpace, serial_baseline
 
 SEARCH_SOURCES = ("online", "research")
 """Trial sources that are the search's own moves; the start, serial and cached configs are
@@ -34,16 +34,16 @@ Ranking = Callable[[Config, float], float]
 """A proposal's rank from its config and predicted steps/s (higher first)."""
 
 
-def baselines(start: Config, num_envs: int, history: Sequence[Trial],
+def baselines(start: Config, history: Sequence[Trial],
               queue: Sequence[tuple[Config, str]]) -> list[tuple[Config, str]]:
     """What the search measures first, where not measured or queued yet: the ``start`` config,
     then serial when it is another one (it usually is the start). Serial runs the policy on the
-    start's device: a model on CUDA acted on CUDA in its own loop, and an emulated-GPU Pong run
+    start's device (:func:`~auturi.tuner.space.serial_baseline`): a model on CUDA acted on CUDA in its own loop, and an emulated-GPU Pong run
     spent 5 of its 12 collects measuring serial on the CPU after a serial CUDA start, a layout
     nothing would choose."""
     tried = {t.config for t in history}
     out: list[tuple[Config, str]] = []
-    for c, src in ((start, "start"), (Config.serial(num_envs, start.policy_device), "serial")):
+    for c, src in ((start, "start"), (serial_baseline(start), "serial")):
         if c not in tried and all(c != q for q, _ in [*queue, *out]):
             out.append((c, src))
     return out

@@ -241,6 +241,17 @@ def config_problem(config: Config, cores: int, cuda_count: int | None = None,
     return None
 
 
+def serial_baseline(start: Config) -> Config:
+    """The serial config a tuner measures beside ``start`` (online and offline): every env in
+    one process, the policy where the start's runs (a GPU user's own loop acts on the GPU;
+    serial with CPU inference took most of a 45 s budget on the H200 box, 2026-11-27).
+
+    >>> serial_baseline(Config(num_actors=2, envs_per_actor=4, policy_device="cuda")) == Config.serial(8, "cuda")
+    True
+    """
+    return Config.serial(start.num_envs, start.policy_device)
+
+
 def build_space(num_envs: int, *, cores: int | None = None, devices: Sequence[str] | None = None,
                 num_envs_options: Iterable[int] | None = None,
                 cluster: ClusterResources | None = None, env_cpu_fraction: float = 1.0) -> SearchSpace:
