@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
+from auturi.device_wait import to_host
 from auturi.sampling import categorical_from_uniform, normal_from_uniform
 
 PolicyOutput = tuple[np.ndarray, dict[str, np.ndarray]]
@@ -263,7 +264,7 @@ class TorchPolicy:
                 else:
                     a = categorical_from_uniform(logp_all.exp(), torch.as_tensor(noise[:, 0], device=dev))
                 logp = logp_all.gather(-1, a.unsqueeze(-1)).squeeze(-1)
-                actions = (a + int(self.action_space.start)).cpu().numpy()
+                a = a + int(self.action_space.start)
             else:
                 log_std = getattr(model, "log_std", None)
                 std = torch.exp(log_std) if log_std is not None else torch.ones_like(params)
@@ -272,8 +273,7 @@ class TorchPolicy:
                 else:
                     a = normal_from_uniform(params, std, torch.as_tensor(noise, device=dev))
                 logp = torch.distributions.Normal(params, std).log_prob(a).sum(dim=-1)
-                actions = a.cpu().numpy().astype(self.action_space.dtype, copy=False)
-            return actions, {
-                "values": value.reshape(-1).float().cpu().numpy(),
-                "log_probs": logp.float().cpu().numpy(),
-            }
+            actions, values, log_probs = to_host(a, value.reshape(-1).float(), logp.float())
+            if not self.discrete:
+                actions = actions.astype(self.action_space.dtype, copy=False)
+            return actions, {"values": values, "log_probs": log_probs}

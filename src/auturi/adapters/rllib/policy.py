@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.rllib.base import UnsupportedConfigError
+from auturi.device_wait import to_host
 from auturi.sampling import categorical_from_uniform, normal_from_uniform
 
 __all__ = ["EPSILON_KEY", "KINDS", "RLModulePolicy", "exploration_kind", "module_state"]
@@ -123,7 +124,7 @@ class RLModulePolicy:
             if self.kind == "epsilon_greedy":
                 return self._epsilon_greedy(batch, u), {}
             a, extras = self._from_distribution(batch, u)
-        actions = a.cpu().numpy()
+        actions = to_host(a)[0]
         if self.kind == "categorical":
             return actions, extras
         actions = actions.reshape((-1, *self.action_space.shape)).astype(np.float32, copy=False)
@@ -142,8 +143,8 @@ class RLModulePolicy:
             a = normal_from_uniform(dist._dist.loc, dist._dist.scale, u)
             if self.kind == "squashed_gaussian":
                 a = dist._squash(a)  # tanh into [low, high] (RLlib's default [-1, 1]), as its sample()
-        return a, {"action_logp": dist.logp(a).float().cpu().numpy(),
-                   "action_dist_inputs": inputs.float().cpu().numpy()}
+        logp, dist_inputs = to_host(dist.logp(a).float(), inputs.float())
+        return a, {"action_logp": logp, "action_dist_inputs": dist_inputs}
 
     def _epsilon_greedy(self, batch: dict, u: Any) -> np.ndarray:
         """DQN's ``_forward_exploration`` with the executor's uniforms for its two ``torch`` draws
@@ -154,7 +155,7 @@ class RLModulePolicy:
         greedy = self.module.forward_inference(batch)["actions"].reshape(-1)
         n = int(self.action_space.n)
         random = torch.floor(u[:, 1].double() * n).long().clamp_(max=n - 1)
-        return torch.where(u[:, 0].double() < self.epsilon, random, greedy.long()).cpu().numpy()
+        return to_host(torch.where(u[:, 0].double() < self.epsilon, random, greedy.long()))[0]
 
     def _for_env(self, actions: np.ndarray) -> np.ndarray:
         s = self.action_space

@@ -32,6 +32,7 @@ import numpy as np
 from auturi.adapters.sb3.handle import SB3Handle
 from auturi.adapters.sb3.on_policy import ENV_CHANGED, check_reset, check_step, restart_cut_episodes
 from auturi.adapters.sb3.policy import STATE_PREFIX, ReplicaNet
+from auturi.device_wait import to_host
 from auturi.errors import AuturiError
 
 _ACTING_PARTS = ("actor", "q_net", "quantile_net")  # SAC/TD3/DDPG/TQC, DQN, QR-DQN: what predict() runs
@@ -163,7 +164,7 @@ class OffPolicyAdapter(ReplicaNet):
                 a = torch.tanh(normal_from_uniform(mean, log_std.exp(), torch.as_tensor(np.ascontiguousarray(u))))
             else:
                 a = net._predict(obs_t, deterministic=True)
-            a = a.cpu().numpy().reshape((-1, *self.action_space.shape))
+            a = to_host(a)[0].reshape((-1, *self.action_space.shape))
         if net.squash_output:
             return net.unscale_action(a)
         return np.clip(a, self._low, self._high)
@@ -177,7 +178,7 @@ class OffPolicyAdapter(ReplicaNet):
             return rand
         with torch.no_grad():
             greedy = self.net._predict(self.net.obs_to_tensor(self.normalize_obs(obs))[0], deterministic=True)
-        greedy = greedy.cpu().numpy().reshape(-1).astype(np.int64)
+        greedy = to_host(greedy)[0].reshape(-1).astype(np.int64)
         return np.where(noise[:, 0] < self.settings["epsilon"], rand, greedy)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from auturi.device_wait import to_host
 from auturi.sampling import categorical_from_uniform, normal_from_uniform
 
 STATE_PREFIX = "auturi."  # keys of the state that carry VecNormalize statistics, not weights
@@ -280,9 +281,8 @@ class SB3PolicyAdapter(ReplicaNet):
                 a = self._sample(dist, torch.as_tensor(np.ascontiguousarray(noise), device=values.device))
             log_prob = dist.log_prob(a)
             a = a.reshape((-1, *self.action_space.shape))
-            actions = a.cpu().numpy()
-            extras = {"values": values.reshape(-1).float().cpu().numpy(),
-                      "log_probs": log_prob.reshape(-1).float().cpu().numpy()}
+            actions, values_np, log_probs = to_host(a, values.reshape(-1).float(), log_prob.reshape(-1).float())
+            extras = {"values": values_np, "log_probs": log_probs}
         if isinstance(self.action_space, gym.spaces.Box):
             extras["raw_actions"] = actions
             return np.clip(actions, self._low, self._high), extras
