@@ -43,7 +43,7 @@ Run (GPU box):  PYTHONPATH=src python -m bench.gpu --out DIR
 On the device tool's machine (2026-11-27: Python 3.12, torch 2.11+cu130, no internet), carry
 wheels of gymnasium, farama-notifications, stable-baselines3 and ale-py, and run the CUDA tests
 and this in ONE call (an idle machine is given back after 30 s; a second call paid a new
-start): ``pytest tests/ -k "cuda or gpu"`` capped at 90 s, then ``--budget-seconds 480``
+start): ``pytest tests/ -k "cuda or gpu"`` (``tests/test_cuda_wait.py`` among them) capped at 90 s, then ``--budget-seconds 480``
 under a 540 s timeout, so part 1's 98k-step runs and part 3 fit (at 330 s both were cut).
 Check (no GPU): PYTHONPATH=src python -m bench.gpu --smoke --out /tmp/gpu_smoke   (tiny, on cpu)
 """
@@ -417,10 +417,29 @@ def _policy(s: dict[str, Any], device: str) -> Any:
     return TorchPolicy(functools.partial(MLPActorCritic, 4, 2), gym.spaces.Discrete(2), device=device)
 
 
-def _sample(runner: Any, s: dict[str, Any]) -> dict[str, Any]:
-    """One warm collect (untimed), then ``collect_samples`` timed ones."""
+def _busy_jiffies() -> tuple[int, int] | None:
+    """This machine's busy and total CPU time so far (``/proc/stat``, all cores; None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(v) - v[3] - v[4], sum(v)  # less idle and iowait
+
+
+def _sample(runner: Any, s: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+    """One warm collect (untimed), then ``collect_samples`` timed ones: their rates' summary
+    and how many cores the machine kept busy meanwhile (its median; None off Linux), so a
+    table shows whether a system was short of cores or left them idle."""
     runner.run(s["collect_steps"])
-    return summarize([runner.run(s["collect_steps"]) for _ in range(s["collect_samples"])])
+    rates, busy = [], []
+    for _ in range(s["collect_samples"]):
+        a = _busy_jiffies()
+        rates.append(runner.run(s["collect_steps"]))
+        b = _busy_jiffies()
+        if a and b and b[1] > a[1]:
+            busy.append((b[0] - a[0]) / (b[1] - a[1]) * (os.cpu_count() or 1))
+    return summarize(rates), (sorted(busy)[len(busy) // 2] if busy else None)
 
 
 def _measure(part: str, rows: dict[str, dict], skipped: list[str], clock: "Clock", s: dict[str, Any], name: str,
@@ -436,7 +455,8 @@ def _measure(part: str, rows: dict[str, dict], skipped: list[str], clock: "Clock
     runner, t0 = None, time.perf_counter()
     try:
         runner = build()
-        rows[name] = {"steps_per_second": _sample(runner, s), "settings": getattr(runner, "settings", None)}
+        rates, busy = _sample(runner, s)
+        rows[name] = {"steps_per_second": rates, "busy_cores": busy, "settings": getattr(runner, "settings", None)}
         if extra is not None:
             rows[name].update(extra(runner))
     except Exception as e:
@@ -830,9 +850,9 @@ def _system_row(label: str, r: dict, versus: str) -> str:
     envs-only ceiling (or its error)."""
     label = label.replace("|", "/")
     if "error" in r:
-        return f"| {label} | error: {r['error'][:80]} | - | - |"
+        return f"| {label} | error: {r['error'][:80]} | - | - | - |"
     return (f"| {label} | {r['steps_per_second']['median']:,.0f} | {_f(r.get(versus), '{:.2f}x')} "
-            f"| {_f(r.get('vs_envs_only'), '{:.0%}')} |")
+            f"| {_f(r.get('vs_envs_only'), '{:.0%}')} | {_f(r.get('busy_cores'), '{:.1f}')} |")
 
 
 def _part2_md(rec: dict) -> list[str]:
@@ -842,7 +862,7 @@ def _part2_md(rec: dict) -> list[str]:
     out = ["## Part 2: collection only",
            f"{st['env']}, {st['collect_envs']} envs x {st['collect_steps']} steps per collect; median of "
            f"{st['collect_samples']} collects after a warm one", "",
-           "| system | steps/s | vs SB3 SubprocVecEnv | vs envs only |", "|---|---:|---:|---:|"]
+           "| system | steps/s | vs SB3 SubprocVecEnv | vs envs only | cores busy |", "|---|---:|---:|---:|---:|"]
     names = {"envs_only": f"envs only ({st['ceiling_procs']} processes, random actions)",
              "sb3_subproc": "SB3 SubprocVecEnv (forkserver), policy in the main process",
              "auturi_tuned": "Auturi tuned", "auturi_overlap": "Auturi overlapped"}
@@ -884,7 +904,7 @@ def _part3_md(rec: dict) -> list[str]:
            f"ale:{st['ale_game']} (AtariVectorEnv's own preprocessing: 84x84 grey, frame skip 4, 4 frames), "
            f"{st['ale_envs']} envs x {st['ale_steps']} steps per collect, Nature CNN on {st['ale_device']}; median "
            f"of {st['ale_samples']} collects after a warm one", "",
-           "| system | steps/s | vs AtariVectorEnv alone | vs its envs only |", "|---|---:|---:|---:|"]
+           "| system | steps/s | vs AtariVectorEnv alone | vs its envs only | cores busy |", "|---|---:|---:|---:|---:|"]
     names = {"ale_envs_only": f"AtariVectorEnv alone, random actions ({st['ale_threads']} threads): envs only",
              "ale_alone": f"AtariVectorEnv alone, policy on every batch ({st['ale_threads']} threads, batch "
                           f"{st['ale_envs']})",

@@ -141,6 +141,89 @@ def emulated(profile: str, num_envs: int, num_steps: int, time_scale: float, rou
             "profile_dict": prof.to_dict(), "load": os.getloadavg(), "rows": rows}
 
 
+def computing_layouts(n: int, cores: int) -> dict[str, Any]:
+    """The CUDA layouts of the computing part for ``n`` envs on ``cores`` cores: lockstep ones
+    with one, two and four env lanes a core (the GPU box's 1 x 64 at degree 32 has two a core),
+    two actors, and overlapped ones with two replicas."""
+    from auturi import Config
+
+    def degree(k: int) -> int:
+        return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
+
+    out: dict[str, Any] = {}
+    for per_core in (1, 2, 4):
+        d = degree(per_core * cores)
+        out.setdefault(f"1x{n}_d{d}", Config(1, n, d, 1, "cuda", n))
+    h = n // 2
+    if n % 2 == 0:
+        dh = max(d for d in range(1, min(h, cores) + 1) if h % d == 0)
+        out[f"2x{h}_d{dh}"] = Config(2, h, dh, 1, "cuda", h)
+        for per_core in (2, 4):
+            d = degree(per_core * cores)
+            out.setdefault(f"1x{n}_d{d}_2rep_b{h}", Config(1, n, d, 2, "cuda", h))
+    return out
+
+
+def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects: int) -> dict:
+    """The regime of the GPU box's record where the envs compute: ``env_id`` made as
+    ``auturi tune`` makes it (an ALE id with the Atari preprocessing) stepping on this
+    machine's own cores, with the policy on an emulated device (its passes wait and hold no
+    core, as a CUDA pass waited on with :func:`auturi.device_wait.to_host`). The emulated box
+    above has envs that wait instead, so its cores never saturate; here they do, as on the GPU
+    box, where the model read 1.7-2.7x high. The tuner's own profile, then the envs alone
+    (one process per core, a fixed action: ``envs_only``) and :func:`computing_layouts`
+    measured in interleaved rounds against the profile-only prediction."""
+    import auturi
+    from auturi import Config
+    from auturi.envs import find_env_id, resolve_env_fns
+    from auturi.envs.atari import AtariPreprocessed, is_ale_id
+    from auturi.resources import usable_cores
+    from auturi.testing.emulated_gpu import EmulatedDevicePolicy, emulated_gpu
+    from auturi.tuner.profile import predict, profile_executor
+    from bench.emulated_gpu import FreeEnvs, loop_of
+    from bench.peers import AuturiRunner
+
+    n, cores = num_envs, usable_cores()
+    full_id, _ = find_env_id(env_id)  # imports ale_py for ALE ids
+    env = AtariPreprocessed(full_id) if is_ale_id(full_id) else resolve_env_fns(env_id, 1)[0]
+    probe = env()
+    num_actions = int(probe.action_space.n)
+    probe.close()
+
+    def policy() -> EmulatedDevicePolicy:
+        p = EmulatedDevicePolicy(num_actions, context_seconds=0.0)
+        p.to("cuda")
+        return p
+
+    layouts = computing_layouts(n, cores)
+    with emulated_gpu():
+        with auturi.make_executor(env, policy(), num_envs=n, config=Config.serial(n, "cuda"), backend="shm") as ex:
+            ex.collect(num_steps)
+            prof = profile_executor(ex, devices=["cuda"], num_steps=num_steps)
+        procs = max(d for d in range(1, min(n, cores) + 1) if n % d == 0)
+        runners: dict[str, Any] = {}
+        try:
+            runners["envs_only"] = FreeEnvs(env, n, procs)
+            for name, cfg in layouts.items():
+                runners[name] = AuturiRunner(env, policy(), n, cfg, warmup_steps=num_steps)
+            samples = interleave(runners, rounds, lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
+                                 progress=lambda s: print(f"computing: {s}", flush=True))
+        finally:
+            for r in runners.values():
+                r.close()
+    ceiling = summarize(samples["envs_only"])["median"]
+    rows = []
+    for name, cfg in layouts.items():
+        m = summarize(samples[name])
+        rows.append({"name": name, "config": str(cfg), "config_dict": cfg.to_dict(), "loop": loop_of(cfg),
+                     "measured": m["median"], "samples": samples[name], "of_envs_only": m["median"] / ceiling,
+                     "predicted": predict(cfg, prof)})
+    return {"env": env_id, "num_envs": n, "cores": cores, "envs_only": ceiling, "envs_only_samples": samples["envs_only"],
+            "profiled": {"env_step_seconds": prof.env_step_seconds, "env_step_std": prof.env_step_std,
+                         "env_cpu_fraction": prof.env_cpu_fraction, "cuda": prof.policy_seconds.get("cuda")},
+            "profile_dict": prof.to_dict(), "load": os.getloadavg(), "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", default=RECORD)
@@ -151,6 +234,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--time-scale", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--collects", type=int, default=2, help="collects per sample")
+    ap.add_argument("--computing", metavar="ENV_ID", nargs="?", const="ALE/Pong-v5", default=None,
+                    help="also the computing part: ENV_ID's envs (default ALE/Pong-v5) on this machine's cores")
+    ap.add_argument("--computing-envs", type=int, default=8)
     ap.add_argument("--out", default="bench/results/model_check.json")
     ap.add_argument("--recheck", metavar="JSON", help="run nothing: predict the emulated rows of an earlier "
                     "run's record (its saved profiles and configs) with the model as it is now, and the real record")
@@ -168,6 +254,8 @@ def main(argv=None) -> dict:
     if not args.skip_emulated:
         out["emulated"] = [emulated(p, args.num_envs, args.num_steps, args.time_scale, args.rounds, args.collects)
                            for p in args.profiles]
+    if args.computing:
+        out["computing"] = computing(args.computing, args.computing_envs, args.num_steps, args.rounds, args.collects)
     out["seconds"] = time.perf_counter() - t0
     return save_and_print(out, args.out, markdown)
 
@@ -186,6 +274,11 @@ def recheck(path: str, record: str) -> dict:
             continue
         prof = Profile.from_dict(e["profile_dict"])
         for r in e["rows"]:
+            r["predicted"] = predict(Config.from_dict(r["config_dict"]), prof)
+    c = out.get("computing")
+    if c:
+        prof = Profile.from_dict(c["profile_dict"])
+        for r in c["rows"]:
             r["predicted"] = predict(Config.from_dict(r["config_dict"]), prof)
     if os.path.exists(record):
         out["real"] = real_box(record)
@@ -229,6 +322,17 @@ def markdown(out: dict) -> str:
             blocked = f"{r['wait_share']:.0%}" if "wait_share" in r else "-"
             lines.append(f"| {r['config'].replace('|', '/')} | {r.get('loop', '-')} | {r['measured']:,.0f} | "
                          f"{blocked} | {_err(r['predicted'], r['measured'])} |")
+        lines.append("")
+    c = out.get("computing")
+    if c:
+        load = " (load average {:.1f} / {:.1f} / {:.1f} at its end)".format(*c["load"])
+        lines += [f"Computing envs, {c['env']} x {c['num_envs']} on {c['cores']} cores, policy on an emulated device "
+                  f"(profiled step {c['profiled']['env_step_seconds'] * 1e3:.2f} ms; envs alone "
+                  f"{c['envs_only']:,.0f} steps/s): profile-only prediction vs measured{load}", "",
+                  "| layout | loop | measured | of envs alone | predicted (error) |", "|---|---|---:|---:|---:|"]
+        for r in c["rows"]:
+            lines.append(f"| {r['config'].replace('|', '/')} | {r['loop']} | {r['measured']:,.0f} | "
+                         f"{r['of_envs_only']:.0%} | {_err(r['predicted'], r['measured'])} |")
         lines.append("")
     return "\n".join(lines)
 
