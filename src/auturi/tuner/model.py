@@ -25,7 +25,9 @@ only its fields and :meth:`~auturi.tuner.profile.Profile.policy_latency`.
   add; with ``g`` batches they overlap: ``max(env, policy) + min(env, policy) / g``; with
   everything in one process (the serial point) they always add;
 - lock-step env lanes wait for the slowest: the expected max of ``D`` lanes' row times,
-  ``std * sqrt(E/D) * z(D)`` per row (:func:`expected_max_z`);
+  ``std * sqrt(E/D) * z(D)`` per row (:func:`expected_max_z`); with more lanes than cores,
+  the ``ceil(D / cores)`` lanes pinned to a core take turns with their steps' CPU, and the
+  cores stay idle while the row's batch is on the device;
 - lock-step lanes waiting at the barrier hold no core for part of the wait
   (:data:`BARRIER_IDLE`), with the policy on a device;
 - the executor's overlapped loop (the layout plan's ``ActorPlan.overlap``: batches of the
@@ -359,9 +361,19 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
     # together and ride in the same batch unless the batch is smaller than the lane.
     env_tasks = math.ceil(m / B)
     if D > 1:
+        # More lanes than cores: the layout pins lane i to core i mod cores, so k lanes share
+        # each core and take turns with their steps' CPU (their waits inside the envs
+        # overlap): a lane's stepping lasts at least its core's k lanes' CPU, and the
+        # cores it frees while the batch is on the device sit idle (lockstep: no lane has a
+        # step to take until the actions come back). The cap by the cores alone counted those
+        # idle moments as stepping: Pong on 2 cores, 1 x 8 at degree 4 and 8 with the policy on
+        # an emulated device, read ~1.3x the measured rate (bench.model_check --computing).
+        k = math.ceil(D / cores) if cores > 0 else 1
+        shared = max(0.0, k * m * _step_cpu(prof) - m * te)
         # Lock-stepped lanes wait for the slowest: the expected max of D lanes' row times
-        # (each the sum of m steps), which grows with the spread and the count.
-        lag = straggle(prof, m, D)
+        # (each the sum of m steps; of a core's k lanes' where their CPU fills it), which grows
+        # with the spread and the count.
+        lag = straggle(prof, k * m, min(D, cores)) if shared > 0 else straggle(prof, m, D)
         # In the general loop (several batches, or remote replicas; with env workers that
         # is a CPU policy's) the actor steps its own share synchronously while env workers
         # finish theirs; their envs wait for it to hand them on, so each lane's cycle holds
@@ -369,7 +381,7 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
         # steps/s, 6,600 predicted without this, 3,000 with it). Remote replicas keep acting
         # on what they were handed meanwhile: half of it.
         stall = m * te * (0.5 if P > 1 else 1.0 if g > 1 else 0.0)
-        s_env = m * te + stall + env_tasks * ipc + lag
+        s_env = m * te + shared + stall + env_tasks * ipc + lag
     else:
         s_env = E * te
     s_pol = (g / P) * (L + ipc) if P > 1 else g * L
