@@ -30,6 +30,16 @@ class NoOptimizer:
         pass
 
 
+def _takes(cls: Any, name: str) -> bool:
+    """Whether ``cls(...)`` accepts keyword ``name`` (its ``__init__`` names it)."""
+    import inspect
+
+    try:
+        return name in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class ConstantSchedule:
     """A picklable learning-rate schedule (replicas never train; the optimizer SB3 builds
     needs one)."""
@@ -138,10 +148,15 @@ class ReplicaNet:
             import torch
 
             policy_class, obs_space, act_space, kwargs, lr = cloudpickle.loads(self._blob)
+            kwargs = {**kwargs, "optimizer_class": NoOptimizer}
+            if not self.state_prefix and _takes(policy_class, "ortho_init"):
+                # Every weight is loaded over (the whole state, strictly): SB3's orthogonal
+                # init is work thrown away, a QR per layer; for the Nature CNN's 3136 x 512
+                # layer 2 s a build on 2 cores (2026-11-27), paid at every wrap and replica.
+                kwargs["ortho_init"] = False
             # Building draws initial weights: keep the caller's torch RNG stream untouched.
             with torch.random.fork_rng(devices=[]):
-                net = policy_class(obs_space, act_space, ConstantSchedule(lr),
-                                   **{**kwargs, "optimizer_class": NoOptimizer})
+                net = policy_class(obs_space, act_space, ConstantSchedule(lr), **kwargs)
             net.set_training_mode(False)
             self._net = net.to(torch.device(self.device))
         return self._net
