@@ -184,12 +184,16 @@ def build_collector(env_fns: Sequence[Any], policy: Any, num_envs: int, *, confi
 
     start = config or start or Config.serial(num_envs)
     tkw = tuner_kwargs(budget)
+    ekw = dict(executor_kwargs or {})
     if tune and config is None and backend == "shm" and _env_workers_soon(start, num_envs, tkw):
         from auturi.executor.shm.executor import start_env_server_early
 
         start_env_server_early(list(env_fns), num_envs)
+        # The look will most likely move the start's envs to env workers before any collect:
+        # they are made where they land, in parallel, not here first (made here only if kept).
+        ekw.setdefault("defer_envs", True)
     executor = make_executor(list(env_fns), policy, num_envs=num_envs, config=start, backend=backend, seed=seed,
-                             worker_timeout=worker_timeout, **dict(executor_kwargs or {}))
+                             worker_timeout=worker_timeout, **ekw)
     out = Collector(executor)
     try:
         tuned = tune and config is None

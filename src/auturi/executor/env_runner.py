@@ -57,6 +57,9 @@ class EnvRunner:
     ``finals`` collects, per ended episode at ``(t, i)``, the real last observation and the
     info the env returned; the host hands them over at the end of a collect.
 
+    ``defer``: envs not ``live`` are made at their first reset or env call instead of now
+    (:meth:`_make`); one handed on before either is never made here.
+
     ``check_finite``: NaN or inf in an observation (as stored) or a reward is an
     :class:`~auturi.errors.EnvCheckError` (off by default, as in gymnasium's checker; on, it
     costs an ``isfinite`` over each observation: 28% more instructions a CartPole step,
@@ -86,14 +89,19 @@ class EnvRunner:
 
     def __init__(self, env_ids: Sequence[int], env_fns: Sequence[Callable[[], gym.Env]], seed: int,
                  generation: int = 0, id_offset: int = 0, live: Mapping[int, Any] | None = None,
-                 check_finite: bool = False, check_steps: bool = True):
+                 check_finite: bool = False, check_steps: bool = True, defer: bool = False):
         self.env_ids = list(env_ids)
         self.check_finite, self.check_steps = bool(check_finite), bool(check_steps)
         live = live or {}
         # every env, new or live (``live``: moved here from another runner, mid-episode; it goes
-        # on from where it was, without a reset), stands behind its checking stand-in
+        # on from where it was, without a reset), stands behind its checking stand-in.
+        # ``defer``: new envs are made at their first reset or env call (see _make), so envs
+        # handed on before either (take_envs, export_envs) are never made here.
         stand_in = _STAND_INS[self.check_finite, False]
-        self.envs = {i: stand_in(live_env(live[i]) if i in live else env_fns[i](), i, self) for i in self.env_ids}
+        self._pending: dict[int, Callable[[], gym.Env]] = \
+            {i: env_fns[i] for i in self.env_ids if i not in live} if defer else {}
+        self.envs = {i: stand_in(live_env(live[i]) if i in live else env_fns[i](), i, self)
+                     for i in self.env_ids if i not in self._pending}
         # the next collect resets these first: new envs, and envs an env call changed before
         # their first reset (they travel as Unreset, to be reset by their new runner)
         self._unreset = [i for i in self.env_ids if i not in live or isinstance(live[i], Unreset)]
@@ -116,6 +124,20 @@ class EnvRunner:
         self.a = arrays
         self._cols = {}
 
+    def _make(self, ids: Sequence[int] | None = None) -> None:
+        """Make the deferred envs among ``ids`` (all when None), in ``env_ids`` order, each
+        behind the stand-in the runner's settings now call for. A runner that defers its new
+        envs (``defer=True``) pays for them only if it keeps them: an online tuner that moves
+        the caller's envs to env workers before the first collect has them made there, in
+        parallel, and never here (on the H200 box of 2026-11-27, 32 Atari envs took about 6 s
+        of the caller's wrap, one after another, before the move made them again)."""
+        if not self._pending:
+            return
+        want = self._pending.keys() if ids is None else set(ids) & self._pending.keys()
+        stand_in = _STAND_INS[self.check_finite, self._on_progress is not None]
+        for i in [i for i in self.env_ids if i in want]:
+            self.envs[i] = stand_in(self._pending.pop(i)(), i, self)
+
     @property
     def fresh(self) -> bool:
         """True while some env awaits its first reset (the next collect must reset first)."""
@@ -124,6 +146,7 @@ class EnvRunner:
     def reset_all(self) -> None:
         """First reset of every env not reset yet: writes row 0 of ``obs`` and sets
         ``starts[0]`` for them. Live envs (moved here) keep their row 0 and their episode."""
+        self._make()
         obs, starts = self.a["obs"], self.a["starts"]
         for i in self._unreset:
             try:
@@ -143,14 +166,16 @@ class EnvRunner:
         out: dict[int, Any] = {}
         unreset = set(self._unreset)
         for i in ids:
+            if self._pending.pop(i, None) is not None:
+                continue  # never made: not reset, no call changed it (a call makes it first)
             env = self.envs.pop(i)
             env = env.env if isinstance(env, _Checked) else env
             if i not in unreset:
                 out[i] = env
             elif i in self._touched:
                 out[i] = Unreset(env)
-        self.env_ids = [i for i in self.env_ids if i in self.envs]
-        self._unreset = [i for i in self._unreset if i in self.envs]
+        self.env_ids = [i for i in self.env_ids if i in self.envs or i in self._pending]
+        self._unreset = [i for i in self._unreset if i in self.envs or i in self._pending]
         self._touched &= set(self.envs)
         self._cols, self._slice_key, self._slice_list = {}, None, []
         return out
@@ -161,7 +186,7 @@ class EnvRunner:
         changed it: then it is pickled as :class:`Unreset`; ``b""``: it failed to pickle, so
         it is recreated and its episode cut, and the executor refuses that for an env a call
         changed). Closes nothing: the caller closes this runner."""
-        out: dict[int, bytes | None] = {}
+        out: dict[int, bytes | None] = dict.fromkeys(self._pending)  # never made: made anew there
         unreset = set(self._unreset)
         for i, env in self.envs.items():
             env = env.env if isinstance(env, _Checked) else env
@@ -183,6 +208,7 @@ class EnvRunner:
         that raises stops the call: :class:`EnvCallError` naming it (its global index) and the
         call, the env's exception as its cause."""
         out: dict[int, Any] = {}
+        self._make(call.ids)
         envs = self.envs
         unreset = set(self._unreset)
         self.travel_checks = {}
@@ -346,7 +372,7 @@ class EnvRunner:
                 env.close()
             except Exception:  # closing is best effort; the process may be going down
                 pass
-        self.envs = {}
+        self.envs, self._pending = {}, {}
         self._cols, self._slice_list, self._slice_key = {}, [], None
 
 
@@ -530,14 +556,15 @@ def _name_env(e: Exception, i: int, where: str) -> Exception:
 
 
 def make_env_runner(env_ids: Sequence[int], env_fns: Sequence[Any], seed: int, generation: int = 0,
-                    id_offset: int = 0, live: Mapping[int, Any] | None = None, check_finite: bool = False):
+                    id_offset: int = 0, live: Mapping[int, Any] | None = None, check_finite: bool = False,
+                    defer: bool = False):
     """The runner for these envs: the source's own, when ``env_fns[env_ids[0]]`` has a
     ``make_runner(env_ids, seed, generation, id_offset)`` method (EnvPool's threaded pool:
     the thesis' Fig. 5.2 lets an actor's env side be any vectorised env; its output is
     EnvPool's own, not checked here), else an :class:`EnvRunner` (which takes ``live`` envs
-    moved from another runner, and ``check_finite``)."""
+    moved from another runner, ``check_finite`` and ``defer``)."""
     source = env_fns[env_ids[0]]
     make_runner = getattr(source, "make_runner", None)
     if make_runner is not None:
         return make_runner(list(env_ids), seed, generation, id_offset)
-    return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live, check_finite=check_finite)
+    return EnvRunner(env_ids, env_fns, seed, generation, id_offset, live, check_finite=check_finite, defer=defer)

@@ -82,8 +82,12 @@ class ShmExecutor(Executor):
     backend = "shm"
     _shared_buffers = True
 
-    def __init__(self, *args: Any, start_method: str | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, start_method: str | None = None, defer_envs: bool = False, **kwargs: Any):
         self._ctx = get_context(start_method)
+        # The first layout's envs in this process are made at their first reset or env call
+        # (EnvRunner's defer): a face whose online tuner will move them to env workers at its
+        # wrap-time look (adapters.common.build_collector) never makes them here.
+        self._defer_envs = bool(defer_envs)
         self._workers: dict[int, Slot] = {}  # control-block index -> live worker
         self._leaving: dict[int, Slot] = {}  # workers a reconfigure in progress is ending
         self._by_role: dict[tuple, int] = {}  # a live worker's role (_role) -> its index
@@ -571,7 +575,8 @@ class ShmExecutor(Executor):
             ids = plan.main.env_ids
             envs = make_env_runner(ids, self.env_fns, self.seed, self._generation, self.env_id_offset,
                                    {e: _unpickled(live[e]) for e in ids if e in live},
-                                   check_finite=self.check_finite)
+                                   check_finite=self.check_finite, defer=self._defer_envs)
+            self._defer_envs = False  # only the first layout's: later ones come from a reconfigure
         host = ActorHost(ap, envs, lambda: self.policy, ctrl, self._lanes(ap, index), self._done_sem(0),
                          self._check_children, plan.config, self._spin_seconds(), self.worker_timeout,
                          (memoryview(ctrl["hdr"]), BEAT))
