@@ -101,6 +101,32 @@ def profile_from_rollouts(executor: Any, stats: Sequence[Any], config: Config, n
     return prof.replace(profile_seconds=time.perf_counter() - t0)
 
 
+WRAP_CALIBRATION_CALLS = 2
+"""Rounds of the torch thread count's calibration (``best_threads``) per timed batch size in
+the wrap-time look (the executor's own: ``policy_runner.CALIBRATION_CALLS``, 5). On 2 cores a
+wrap of SB3's CnnPolicy spent 2.9 of its 4.2 s of policy timing there (2026-11-27)."""
+
+
+def sparse_sizes(sizes: Sequence[int], keep: int) -> list[int]:
+    """The smallest and largest of ``sizes``, ``keep``, and the sizes between at least 4x
+    apart (counted down from the largest).
+
+    >>> sparse_sizes([1, 2, 4, 8, 16, 32, 64], keep=64)
+    [1, 4, 16, 64]
+    >>> sparse_sizes([1, 3, 6, 12], keep=6)
+    [1, 3, 6, 12]
+    """
+    if not sizes:
+        return [keep]
+    ordered = sorted(set(sizes))
+    out, last = {ordered[0], ordered[-1], keep}, ordered[-1]
+    for b in reversed(ordered[:-1]):
+        if b * 4 <= last:
+            out.add(b)
+            last = b
+    return sorted(out)
+
+
 def profile_at_wrap(executor: Any, config: Config, num_steps: int, *, batch_sizes: Sequence[int] = (),
                     devices: Sequence[str] = ("cpu",), cores: int | None = None, env_seconds: float = 0.2,
                     policy_seconds: float = 0.005) -> Profile | None:
@@ -122,7 +148,14 @@ def profile_at_wrap(executor: Any, config: Config, num_steps: int, *, batch_size
     wall: dict[str, dict[int, float]] = {}
     cpu: dict[str, dict[int, float]] = {}
     for dev in dict.fromkeys([config.policy_device, *devices]):
-        wall[dev], cpu[dev] = time_policy(policy, obs, sizes, dev, seconds=policy_seconds, max_calls=10)
+        # The look runs while the user's training waits: a forward pass of a CNN on the CPU
+        # is tens of milliseconds, so the CPU is timed at every fourth size (the profile
+        # interpolates between them) where the start acts on another device, and each size's
+        # thread count is chosen in WRAP_CALIBRATION_CALLS rounds.
+        at = sizes if dev == config.policy_device or not dev.startswith("cpu") else \
+            sparse_sizes(sizes, keep=config.policy_batch_size)
+        wall[dev], cpu[dev] = time_policy(policy, obs, at, dev, seconds=policy_seconds, max_calls=10,
+                                          calibration_calls=WRAP_CALIBRATION_CALLS)
     prof = Profile(env_step_seconds=step, env_step_std=std, env_step_quantiles=tail, env_cpu_fraction=cpu_frac,
                    obs_bytes=int(np.asarray(obs).nbytes), policy_seconds=wall, policy_cpu_seconds=cpu,
                    cores=int(cores or usable_cores()), backend=str(getattr(executor, "backend", "shm")),

@@ -81,13 +81,15 @@ def time_env(env_fn: Any, seed: int = 0, seconds: float = 0.3, min_steps: int = 
 
 
 def time_policy(policy: Any, obs: np.ndarray, batch_sizes: Sequence[int], device: str = "cpu",
-                seconds: float = 0.05, min_calls: int = 3,
-                max_calls: int = 50) -> tuple[dict[int, float], dict[int, float]]:
+                seconds: float = 0.05, min_calls: int = 3, max_calls: int = 50,
+                calibration_calls: int | None = None) -> tuple[dict[int, float], dict[int, float]]:
     """Median wall and mean CPU seconds of ``policy.act`` per batch size, on a copy of the
-    policy moved to ``device`` (the executor's own policy object is left where it is)."""
+    policy moved to ``device`` (the executor's own policy object is left where it is), each
+    at the torch thread count the executor's calibration would choose for it
+    (``calibration_calls`` rounds of it; default the executor's)."""
     import cloudpickle
 
-    from auturi.executor.policy_runner import best_threads, torch_threads, uses_torch
+    from auturi.executor.policy_runner import CALIBRATION_CALLS, best_threads, torch_threads, uses_torch
 
     replica = cloudpickle.loads(cloudpickle.dumps(policy))
     state = policy.get_state()
@@ -104,7 +106,8 @@ def time_policy(policy: Any, obs: np.ndarray, batch_sizes: Sequence[int], device
         for _ in range(2):  # first calls build the model, allocate, pick kernels
             replica.act(batch, noise)
         # Timed at the torch thread count the executor's PolicyRunner would choose for it.
-        threads = best_threads(lambda: replica.act(batch, noise)) if uses_torch(replica) else None
+        threads = best_threads(lambda: replica.act(batch, noise), calls=calibration_calls or CALIBRATION_CALLS) \
+            if uses_torch(replica) else None
         ts: list[float] = []
         with torch_threads(threads):
             c0, w0 = time.process_time(), time.perf_counter()
