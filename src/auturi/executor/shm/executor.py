@@ -562,6 +562,7 @@ class ShmExecutor(Executor):
         policy run here), else the lanes of the actor processes."""
         ctrl = self._ctrl
         assert ctrl is not None
+        defer, self._defer_envs = self._defer_envs, False  # only the first layout's envs wait
         index = {s.name: i for i, s in self._workers.items()}
         if plan.main.actor is None:
             self._actor_lanes = [RemoteLane(index[ap.host], ctrl, self._workers[index[ap.host]].start_sem, ap.host,
@@ -575,8 +576,7 @@ class ShmExecutor(Executor):
             ids = plan.main.env_ids
             envs = make_env_runner(ids, self.env_fns, self.seed, self._generation, self.env_id_offset,
                                    {e: _unpickled(live[e]) for e in ids if e in live},
-                                   check_finite=self.check_finite, defer=self._defer_envs)
-            self._defer_envs = False  # only the first layout's: later ones come from a reconfigure
+                                   check_finite=self.check_finite, defer=defer)
         host = ActorHost(ap, envs, lambda: self.policy, ctrl, self._lanes(ap, index), self._done_sem(0),
                          self._check_children, plan.config, self._spin_seconds(), self.worker_timeout,
                          (memoryview(ctrl["hdr"]), BEAT))
