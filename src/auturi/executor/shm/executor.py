@@ -64,6 +64,10 @@ class ShmExecutor(Executor):
 
     Args (besides the :class:`Executor` ones):
         start_method: ``"forkserver"`` (default) or ``"spawn"``.
+        defer_envs: the first layout's envs in this process are made at their first reset
+            or env call instead of now (``EnvRunner``'s ``defer``), so envs a reconfigure
+            moves before either are made only where they land. The faces set it where their
+            online tuner's wrap-time look will move the start's envs to env workers.
 
     ``worker_timeout`` (see :class:`Executor`) bounds one env's silence: every waiter (the
     caller, each actor) checks at its 0.1 s polls that the workers it waits for progressed,
