@@ -7,7 +7,9 @@ layout. ``--cores 16`` has the online tuner plan for a 16-core machine (its wrap
 moves to env workers, as on the H200 box of 2026-11-27) while the processes run on this one.
 
 Each run is a fresh process (its forkservers, imports and envs start cold, as a user's script
-does); systems alternate within a round. Prints and saves each run's seconds by phase.
+does); systems alternate within a round. Prints and saves each run's seconds by phase, and the
+caller's own CPU seconds in the wrap (``wrap_cpu``): the work one process does in turn, which
+many cores do not share out, and a figure other jobs on the machine move less than wall time.
 
 Run: python -m bench.wrap_cost [--envs 8] [--rounds 2] [--cores 16] [--out bench/results/wrap_cost.json]
 Needs ale-py and SB3 (the ``atari`` and ``dev`` extras).
@@ -42,14 +44,15 @@ def main():
     env = VecFrameStack(make_atari_env("PongNoFrameskip-v4", n_envs=n, seed=0, vec_env_cls=cls), 4)
     model = PPO("CnnPolicy", env, n_steps=32, batch_size=64, n_epochs=1, seed=0, device="cpu", verbose=0)
     build = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if kind.endswith("fixed"):
         model = auturi.wrap(model, config=auturi.Config(2, n // 2, max(1, n // 4), 1, "cpu", max(1, n // 4)))
     else:
         model = auturi.wrap(model, tuner_options={"cores": cores} if cores else None)
-    wrap = time.perf_counter() - t0
+    wrap, wrap_cpu = time.perf_counter() - t0, time.process_time() - c0
     h = model.auturi
-    print(json.dumps({"build": build, "wrap": wrap, "phases": getattr(h, "wrap_seconds", {}), "config": str(h.config)}))
+    print(json.dumps({"build": build, "wrap": wrap, "wrap_cpu": wrap_cpu, "phases": getattr(h, "wrap_seconds", {}),
+                      "config": str(h.config)}))
     h.close()
     model.get_env().close()
 
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs.append(rec)
                 p = rec.get("phases") or {}
                 print(f"round {r} {kind:15s} " + (f"error {rec['error']}" if "error" in rec else
-                      f"build {rec['build']:.2f} s, wrap {rec['wrap']:.2f} s (envs {p.get('envs', 0):.2f}, "
+                      f"build {rec['build']:.2f} s, wrap {rec['wrap']:.2f} s, {rec.get('wrap_cpu', 0):.2f} s of the "
+                      f"caller's CPU (envs {p.get('envs', 0):.2f}, "
                       f"executor {p.get('executor', 0):.2f}, look {p.get('tuner', 0):.2f}, moves "
                       f"{p.get('moves', 0):.2f}) -> {rec['config']}"), flush=True)
     out = {"machine": machine_header(), "command": "python -m bench.wrap_cost " + " ".join(argv or sys.argv[1:]),
