@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import multiprocessing.resource_tracker as resource_tracker
 import os
+import subprocess
+import time
 
 import psutil
 import pytest
@@ -38,6 +40,36 @@ def _sb3_logs_in_one_folder(tmp_path_factory):
         os.environ["SB3_LOGDIR"] = old
 
 
+EARLY_RUNS: dict[str, object] = {}
+"""What each module's ``early_run`` started as the session started (``_start_early_runs``), by
+module name."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _start_early_runs(request, tmp_path_factory, _sb3_logs_in_one_folder):
+    """Starts, as the session starts, the long runs of one core that a test module declares
+    with a module-level ``early_run(items, tmp_path_factory)`` (which returns a handle with an
+    ``end()``, or None when none of its tests in ``items`` needs it): such a run goes on beside
+    the modules before its own, on the core their in-process tests leave idle, instead of
+    making its module wait for it (test_bench's smoke run: ~20 s of one core, 2026-11-27). The
+    module reads it from EARLY_RUNS; each still running at the session's end is ended."""
+    modules = {}
+    for item in request.session.items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "early_run"):
+            modules.setdefault(module.__name__, module)
+    try:
+        for name, module in modules.items():
+            handle = module.early_run(request.session.items, tmp_path_factory)
+            if handle is not None:
+                EARLY_RUNS[name] = handle
+        yield
+    finally:
+        for handle in EARLY_RUNS.values():
+            handle.end()
+        EARLY_RUNS.clear()
+
+
 def our_segments(pid: int | None = None) -> set[str]:
     """Segments and named semaphores created by process ``pid`` (default: this one; their names
     carry it: ``auturi_<pid>_*``, ``sem.auturi_<pid>_*``) and, for this process, every named
@@ -52,14 +84,60 @@ def our_segments(pid: int | None = None) -> set[str]:
     return found
 
 
+BACKGROUND_PIDS: set[int] = set()
+"""Processes a module starts to run beside its other tests (test_bench's smoke run), by pid,
+while they run: the per-test check skips them and every process they started, since they are
+no test's leftovers; the module's own fixture waits for them (or ends them) and then drops
+their pid from here."""
+
+
+def _in_background(p: psutil.Process) -> bool:
+    return p.pid in BACKGROUND_PIDS or any(a.pid in BACKGROUND_PIDS for a in p.parents())
+
+
+class BackgroundRun:
+    """A process started ahead of the test that reads it (test_bench's smoke run, started with
+    the session: ``_start_early_runs``), run beside other tests meanwhile: one core's work that
+    would otherwise wait for them, or they for it. Its output goes to files in ``folder``
+    (nobody reads a pipe meanwhile); its pid is in BACKGROUND_PIDS until it ended; ``end()``
+    ends it if no test waited for it."""
+
+    def __init__(self, args: list[str], folder, timeout: float, **popen_kw):
+        self.args, self.folder, self.deadline = list(args), folder, time.monotonic() + timeout
+        self._result: subprocess.CompletedProcess | None = None
+        with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=err, **popen_kw)
+        BACKGROUND_PIDS.add(self.proc.pid)
+
+    def result(self) -> subprocess.CompletedProcess:
+        """The run's result (text output), once it ended; past its ``timeout`` (counted from
+        its start) it is killed and ``TimeoutExpired`` raised."""
+        if self._result is None:
+            try:
+                self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+            finally:
+                self.end()
+            self._result = subprocess.CompletedProcess(self.args, self.proc.returncode,
+                                                       (self.folder / "stdout.txt").read_text(),
+                                                       (self.folder / "stderr.txt").read_text())
+        return self._result
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        BACKGROUND_PIDS.discard(self.proc.pid)
+
+
 def live_children() -> list[psutil.Process]:
-    """Children of the test process, less multiprocessing's own long-lived helpers."""
+    """Children of the test process, less multiprocessing's own long-lived helpers and the
+    processes of BACKGROUND_PIDS."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:  # a process that ends while we read it is not left running
             cmd = " ".join(p.cmdline())
             name = p.name()
-            if p.status() == psutil.STATUS_ZOMBIE:
+            if p.status() == psutil.STATUS_ZOMBIE or BACKGROUND_PIDS and _in_background(p):
                 continue
         except psutil.NoSuchProcess:
             continue

@@ -32,14 +32,55 @@ def docs_state() -> tuple[dict[str, int], str]:
     return images, page[page.find(BEGIN):page.find(END)]
 
 
+SMOKE_SECONDS = 300
+"""The smoke run's limit, counted from its start: it starts with the session and goes on beside
+the modules before this one (their tests slow it), ~20 s of one core alone (2026-11-27)."""
+
+
+class SmokeRun:
+    """The smoke run (conftest's BackgroundRun) and what docs/ looked like before it started."""
+
+    def __init__(self, tmp_path_factory):
+        from tests.conftest import BackgroundRun
+
+        self.out = tmp_path_factory.mktemp("bench")
+        self.before = docs_state()
+        self.run = BackgroundRun([sys.executable, "-m", "bench", "--smoke", "--workloads", "cartpole", "--out",
+                                  str(self.out)], self.out, SMOKE_SECONDS, cwd=REPO)
+        self._changed: bool | None = None
+
+    def result(self) -> tuple[subprocess.CompletedProcess, Path, bool]:
+        """``(the run's CompletedProcess, the folder, whether docs/ changed while it ran)``."""
+        proc = self.run.result()
+        if self._changed is None:
+            self._changed = self.before != docs_state()
+        return proc, self.out, self._changed
+
+    def end(self) -> None:
+        self.run.end()
+
+
+def early_run(items, tmp_path_factory) -> SmokeRun | None:
+    """Called by conftest's ``_start_early_runs`` as the session starts: the default run (no
+    --update-docs) at the smoke sizing, into a temporary folder, when the smoke test is among
+    ``items``. It then runs beside the modules before this one (test_adapters_common and
+    test_ale_vector in a full run: in-process, mostly one core) instead of making the smoke test
+    wait ~20 s for it."""
+    if any(getattr(item, "module", None) is sys.modules[__name__] and item.originalname == SMOKE_TEST
+           for item in items):
+        return SmokeRun(tmp_path_factory)
+    return None
+
+
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """The default run (no --update-docs) at the smoke sizing, into a temporary folder."""
-    out = tmp_path_factory.mktemp("bench")
-    before = docs_state()
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--workloads", "cartpole", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
-    return proc, out, before != docs_state()
+def smoke() -> tuple[subprocess.CompletedProcess, Path, bool]:
+    """The smoke run's result, waited for (started with the session: ``early_run``)."""
+    from tests.conftest import EARLY_RUNS
+
+    return EARLY_RUNS[__name__].result()
+
+
+SMOKE_TEST = "test_smoke_run_writes_json_markdown_and_plots"
 
 
 @pytest.mark.timeout(180)

@@ -190,7 +190,8 @@ def test_the_summary_shows_part3_against_the_vector_env_alone_and_its_ceiling():
     md = gpu.summary(p1, p2, machine, "c", _part3_record())
     part3 = md[md.index("## Part 3"):]
     row = next(ln for ln in part3.splitlines() if ln.startswith("| Auturi on ale:pong: actors=2"))
-    assert "| 30,000 | 1.50x | 75% |" in row and row.count(" | ") == 3  # the config's own | are escaped
+    assert "| 30,000 | 1.50x | 75% |" in row and row.count(" | ") == 4  # the config's own | are escaped
+    assert row.endswith("| - |")  # no cores-busy figure in this record: shown as missing
     assert "| 20,000 | 1.00x | 50% |" in part3 and "error: RuntimeError: cuda gone" in part3
     assert "12 lockstep layouts" in part3 and "predicted 33,000" in part3 and "share 80%" in part3
     assert "Skipped: auturi_ale_tuned" in part3
@@ -254,3 +255,22 @@ def test_the_tune_record_keeps_the_whole_report_for_an_offline_model_check():
     assert rec["choice"] == str(rep.choice) and rec["trials"]
     assert rec["record"]["strategy"]["profile"]["env_step_seconds"] > 0  # what the model predicted from
     json.dumps(rec, default=str)  # it goes into part 2's JSON
+
+
+def test_a_systems_row_shows_the_cores_the_machine_kept_busy_while_it_ran():
+    r = {"steps_per_second": {"median": 1000.0}, "vs_sb3_subproc": 1.5, "vs_envs_only": 0.5, "busy_cores": 12.34}
+    assert gpu._system_row("x", r, "vs_sb3_subproc") == "| x | 1,000 | 1.50x | 50% | 12.3 |"
+
+    class Spin:  # a "collect" that keeps this process's core busy for a moment
+        def run(self, steps):
+            import time
+            end = time.process_time() + 0.2
+            while time.process_time() < end:
+                pass
+            return float(steps)
+
+    rates, busy = gpu._sample(Spin(), {"collect_steps": 4, "collect_samples": 3})
+    assert rates["median"] == 4.0
+    if gpu._busy_jiffies() is not None:  # Linux: /proc/stat
+        import os
+        assert 0.5 <= busy <= (os.cpu_count() or 1) + 0.01  # at least the core it spun

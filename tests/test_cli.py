@@ -21,6 +21,10 @@ from auturi import Config
 pytest.importorskip("typer")
 pytest.importorskip("rich")
 
+# The first test reading side_runs waits for all of them (~35 s of the 2 cores, more on a busy
+# machine): a longer limit than the suite's 120 s, which each process's own 120 s bounds anyway.
+pytestmark = pytest.mark.timeout(300)
+
 CONFIG_LINE = re.compile(r"^auturi\.Config\(((?:[^()\n]*,\n)*[^()\n]*)\)$", re.MULTILINE)  # may go on over lines
 COMPACT = re.compile(r"\b\d+x\d+ d\d+ p\d+@(?:cpu|cuda(?::\d+)?) b\d+\b")  # 2x4 d1 p1@cpu b4
 TINY = ["--backend", "serial", "--budget-trials", "3", "--num-envs", "4", "--num-steps", "16",
@@ -38,25 +42,6 @@ def cli(*args: str, tmp: Path, timeout: float = 120, columns: int = 200, **kw) -
                           timeout=timeout, env=cli_env(tmp, columns), check=False, **kw)
 
 
-def run_together(commands: list[list[str]], env: dict[str, str],
-                 timeout: float = 120) -> list[subprocess.CompletedProcess]:
-    """``commands`` run at once (independent processes: most of each one's seconds is Python
-    importing torch, so two cores run two at a time), each with ``subprocess.run``'s result."""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for c in commands]
-    try:
-        done = []
-        for c, p in zip(commands, procs):
-            out, err = p.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(c, p.returncode, out, err))
-        return done
-    finally:
-        for p in procs:  # on a timeout or an error: none left running
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-
-
 def parse_config_line(text: str) -> Config:
     """The ``auturi.Config(...)`` line (continued over lines when it is long), parsed without eval."""
     m = CONFIG_LINE.search(text)
@@ -66,41 +51,109 @@ def parse_config_line(text: str) -> Config:
     return Config(**{k.arg: ast.literal_eval(k.value) for k in call.keywords})
 
 
-def _side_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+def _side_commands(tmp: Path) -> dict[str, tuple[list[str], dict[str, str], dict]]:
     """The runs of the tests that need nothing but their own process (and no worker process:
-    the serial backend), by name: (argv, environment). Each has a folder of its own under
-    ``tmp``."""
-    tune = [sys.executable, "-m", "auturi.cli", "tune"]
-    (tmp / "policy").mkdir()
+    the serial backend, or a run that fails before any starts), by name: (argv, environment,
+    further ``subprocess.run`` arguments). Each has a folder of its own under ``tmp``; those of
+    AFTER_TUNED read the record and the cache "tuned" wrote there."""
+    auturi_cli = [sys.executable, "-m", "auturi.cli"]
+    tune = [*auturi_cli, "tune"]
+    for folder in ("policy", "unwritable", "help", "version", "no_typer", "bad_input", "timeout"):
+        (tmp / folder).mkdir()
     model = tmp / "policy" / "ppo_cartpole.zip"
     unwritable = tmp / "unwritable"
-    unwritable.mkdir()
     (unwritable / "a_file").write_text("")
+    no_typer = ("import sys; sys.modules['typer'] = None; sys.argv = ['auturi', '--help']; "
+                "from auturi.cli import main; main()")
+    # test_worker_timeout_and_address_reach_the_executor's runs: an AUTURI_WORKER_TIMEOUT the
+    # executor would refuse, and no RAY_ADDRESS
+    timeout_env = dict(cli_env(tmp / "timeout"), AUTURI_WORKER_TIMEOUT="never")
+    timeout_env.pop("RAY_ADDRESS", None)
+    no_ray = ("import runpy, sys; sys.modules['ray'] = None; "  # import ray fails, as when not installed
+              "sys.argv = ['auturi', 'tune', 'CartPole-v1', '--backend', 'ray']; "
+              "runpy.run_module('auturi.cli', run_name='__main__')")
+    page = importlib.util.find_spec("fastapi") is not None  # the status server is the [server] extra
     return {
-        "tuned": ([*tune, "CartPole-v1", *TINY, "--out", str(tmp / "result.json")], cli_env(tmp, 80)),
+        "tuned": ([*tune, "CartPole-v1", *TINY, "--out", str(tmp / "result.json")], cli_env(tmp, 80), {}),
         "policy_ok": ([*tune, "CartPole-v1", "--policy", str(model), "--backend", "serial", "--budget-trials", "2",
                        "--num-envs", "2", "--num-steps", "8", "--max-trial-seconds", "1", "--budget-seconds", "1",
-                       "--no-cache", "--json"], cli_env(tmp / "policy")),
-        "policy_wrong": ([*tune, "Acrobot-v1", "--policy", str(model), "--num-envs", "2"], cli_env(tmp / "policy")),
+                       "--no-cache", "--json"], cli_env(tmp / "policy"), {}),
+        "policy_wrong": ([*tune, "Acrobot-v1", "--policy", str(model), "--num-envs", "2"], cli_env(tmp / "policy"),
+                         {}),
         # the cache directory lies under a regular file, so it cannot be made even by root
         "unwritable": ([*tune, "CartPole-v1", *TINY[:2], "--budget-trials", "2", "--num-envs", "2", "--num-steps",
                         "8", "--max-trial-seconds", "0.5", "--budget-seconds", "1", "--out",
                         str(unwritable / "result.json")],
-                       dict(cli_env(unwritable), AUTURI_CACHE_DIR=str(unwritable / "a_file" / "cache"))),
+                       dict(cli_env(unwritable), AUTURI_CACHE_DIR=str(unwritable / "a_file" / "cache")), {}),
+        "help": ([*tune, "--help"], cli_env(tmp / "help", 80), {}),
+        "version": ([*auturi_cli, "--version"], cli_env(tmp / "version"), {}),
+        "no_typer": ([sys.executable, "-c", no_typer], cli_env(tmp / "no_typer"), {}),
+        "bad_input": ([sys.executable, "-c", ENTRY_POINT_RUNS], cli_env(tmp / "bad_input"),
+                      {"input": json.dumps([args for args, _ in _errors_case(tmp / "bad_input")])}),
+        "timeout_bad_env": ([*tune, "CartPole-v1", *TINY[:2], "--budget-trials", "1"], timeout_env, {}),
+        # one trial: what is checked is that the run starts and ends, not what it chooses
+        "timeout_ok": ([*tune, "CartPole-v1", *TINY[:2], "--budget-trials", "1", "--num-envs", "4", "--num-steps",
+                        "16", "--max-trial-seconds", "0.5", "--worker-timeout", "30"], timeout_env, {}),
+        "no_ray": ([sys.executable, "-c", no_ray], timeout_env, {}),
+        "ray_far": ([*tune, "CartPole-v1", "--backend", "ray", "--address", "127.0.0.1:1", "--worker-timeout", "30"],
+                    timeout_env, {}),
+        # AFTER_TUNED
+        "show": ([*auturi_cli, "show", str(tmp / "result.json")], cli_env(tmp), {}),
+        "show_json": ([*auturi_cli, "show", str(tmp / "result.json"), "--json"], cli_env(tmp), {}),
+        # --budget-seconds 1: what is asserted (the notices, cache_hit) does not depend on how long
+        # the confirm rounds after the cached choice's measurement go on.
+        "second": ([*tune, "CartPole-v1", *TINY, "--budget-seconds", "1", "--out", str(tmp / "second.json"),
+                    *(["--status-port", "0"] if page else [])], cli_env(tmp, 80), {"stdin": subprocess.DEVNULL}),
     }
 
 
+AFTER_TUNED = ("show", "show_json", "second")
+"""The side runs that read what "tuned" wrote (its record, its cache): started once it ended."""
+
+TIMEOUT_RUNS = ("timeout_bad_env", "timeout_ok", "no_ray", "ray_far")
+
 _NEEDS = {"test_policy_from_a_saved_sb3_model": ("policy_ok", "policy_wrong"),
-          "test_an_unwritable_cache_loses_nothing": ("unwritable",)}
+          "test_an_unwritable_cache_loses_nothing": ("unwritable",),
+          "test_every_word_of_the_table_is_explained": ("help",),
+          "test_tune_says_why_the_choice_wins": ("show",),
+          "test_version": ("version",),
+          "test_without_typer_the_entry_point_names_the_install": ("no_typer",),
+          "test_show_prints_the_table_and_the_config_line": ("show", "show_json"),
+          "test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went": ("second",),
+          "test_bad_input_exits_2_with_one_line_and_no_traceback": ("bad_input",),
+          "test_worker_timeout_and_address_reach_the_executor": TIMEOUT_RUNS,
+          "test_json_output_module_factory_shm_and_status_port": ("status_port",)}
 """The side runs a test reads besides ``tuned`` (which every test using that fixture reads)."""
+
+SLOTS = 4
+"""Side runs at a time. Each is mostly one core's work (Python importing torch, then a
+serial-backend tune or less), so 4 at once keep both cores busy; one after another, as the
+tests of the runs besides the first four made them, one core idled (2026-11-27)."""
+
+
+class SideRuns:
+    """The side runs of the selected tests: ``runs[name]`` is that run's ``CompletedProcess``
+    ("status_port": what ``_status_port_run`` saw), raising what the run raised (a timeout,
+    say) in the test that reads it, not in every test of the module; ``runs.seconds(name)``
+    its wall seconds; ``runs.tmp`` their folder; ``runs.cached_after_tuned`` the records in
+    the cache once "tuned" ended, before any run of AFTER_TUNED started."""
+
+    def __init__(self, futures: dict, tmp: Path, cached_after_tuned: list[Path]):
+        self.futures, self.tmp, self.cached_after_tuned = futures, tmp, cached_after_tuned
+
+    def __getitem__(self, name: str) -> subprocess.CompletedProcess:
+        return self.futures[name].result()[0]
+
+    def seconds(self, name: str) -> float:
+        return self.futures[name].result()[1]
 
 
 @pytest.fixture(scope="module")
-def side_runs(request, tmp_path_factory) -> tuple[dict[str, subprocess.CompletedProcess], dict[str, float], Path]:
-    """The side runs the selected tests need, all started at once and all ended before any
-    test reads its result: ``(results, wall seconds of each, the folder)``. Each is mostly one
-    core's work (Python importing torch, then a serial-backend tune), so on 2 cores together
-    they took ~10 s where one after another they took ~20 s (2026-11-26)."""
+def side_runs(request, tmp_path_factory) -> SideRuns:
+    """The side runs the selected tests need, SLOTS at a time ("tuned" first, those of
+    AFTER_TUNED once it ended), all ended before any test reads its result: the per-test leak
+    check never sees one run's processes while another's test runs. On 2 cores the first four
+    together took ~10 s where one after another they took ~20 s (2026-11-26)."""
     tmp = tmp_path_factory.mktemp("cli")
     items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
     wanted = {"tuned"} if any("tuned" in item.fixturenames for item in items) else set()
@@ -108,29 +161,49 @@ def side_runs(request, tmp_path_factory) -> tuple[dict[str, subprocess.Completed
         wanted.update(_NEEDS.get(item.originalname, ()))
     if importlib.util.find_spec("stable_baselines3") is None:  # that test skips
         wanted -= {"policy_ok", "policy_wrong"}
+    if importlib.util.find_spec("ray") is None:  # that test checks the error without Ray only
+        wanted -= {"ray_far"}
+    if any(importlib.util.find_spec(m) is None for m in ("httpx", "fastapi")):  # that test skips
+        wanted -= {"status_port"}
+    if wanted & set(AFTER_TUNED):
+        wanted.add("tuned")
     commands = {name: c for name, c in _side_commands(tmp).items() if name in wanted}
     if "policy_ok" in commands:
         from stable_baselines3 import PPO
 
         PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(
             tmp / "policy" / "ppo_cartpole.zip")
-    with ThreadPoolExecutor(len(commands) or 1) as pool:
-        futures = {name: pool.submit(_timed_run, *c) for name, c in commands.items()}
-    done = {name: f.result() for name, f in futures.items()}
-    return {name: r for name, (r, _) in done.items()}, {name: t for name, (_, t) in done.items()}, tmp
+    cached: list[Path] = []
+    with ThreadPoolExecutor(SLOTS) as pool:
+        futures = {}
+        for name, c in commands.items():  # "tuned" first: AFTER_TUNED wait for it
+            if name not in AFTER_TUNED:
+                futures[name] = pool.submit(_timed_run, *c)
+            if name == "tuned" and "status_port" in wanted:  # the longest after it: started next
+                futures["status_port"] = pool.submit(_status_port_run, tmp / "status_port")
+        if "status_port" in wanted and "status_port" not in futures:
+            futures["status_port"] = pool.submit(_status_port_run, tmp / "status_port")
+        later = [name for name in AFTER_TUNED if name in commands]
+        if later:
+            try:
+                futures["tuned"].result()
+            except Exception:  # noqa: BLE001  (raised again in each test that reads "tuned")
+                pass
+            cached = sorted((tmp / "cache").glob("*.json"))
+            futures.update({name: pool.submit(_timed_run, *commands[name]) for name in later})
+    return SideRuns(futures, tmp, cached)
 
 
-def _timed_run(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+def _timed_run(args: list[str], env: dict[str, str], kw: dict) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False, **kw)
     return proc, time.perf_counter() - t0
 
 
 @pytest.fixture(scope="module")
 def tuned(side_runs):
     """One tiny run, in a terminal of 80 columns (COLUMNS=80: rich and click read it)."""
-    results, seconds, tmp = side_runs
-    return results["tuned"], tmp / "result.json", seconds["tuned"], tmp
+    return side_runs["tuned"], side_runs.tmp / "result.json", side_runs.seconds("tuned"), side_runs.tmp
 
 
 def flat(text: str) -> str:
@@ -207,13 +280,14 @@ def test_the_starred_row_is_what_the_choice_line_prints_and_counts_agree(tuned):
     assert int(title.group(1)) == len(rec["trials"]) == rec["counts"]["measured"]
 
 
-def test_every_word_of_the_table_is_explained(tuned, tmp_path):
-    """The table's legend is short (the notation and the interval); --help explains each word."""
+def test_every_word_of_the_table_is_explained(tuned, side_runs):
+    """The table's legend is short (the notation and the interval); --help explains each word
+    (``auturi tune --help`` at 80 columns: side run "help")."""
     from auturi.cli import NOTES, SOURCES
 
     proc, _, _, _ = tuned
     assert "config 2x8 d2 p1@cpu b8: 2 actors x 8 envs each" in flat(proc.stdout)
-    helptext = flat(cli("tune", "--help", tmp=tmp_path, columns=80).stdout)
+    helptext = flat(side_runs["help"].stdout)
     for r in table_rows(proc.stdout):
         assert f"{r[5]}: " in helptext, r
         for word in filter(None, r[6].split(", ")):
@@ -222,9 +296,10 @@ def test_every_word_of_the_table_is_explained(tuned, tmp_path):
         assert f"{word}: " in helptext, word
 
 
-def test_tune_says_why_the_choice_wins(tuned):
-    """Each finalist's time split (table and JSON) and the share of this machine's limit."""
-    proc, out, _, tmp = tuned
+def test_tune_says_why_the_choice_wins(tuned, side_runs):
+    """Each finalist's time split (table and JSON) and the share of this machine's limit
+    (``auturi show`` of the record: side run "show")."""
+    proc, out, _, _ = tuned
     rec = json.loads(out.read_text())
     explain = rec["explain"]
     assert explain["splits"] and explain["limit"]["steps_per_second"] > 0
@@ -234,22 +309,20 @@ def test_tune_says_why_the_choice_wins(tuned):
                   flat(proc.stdout))
     assert m, proc.stdout
     assert int(m.group(1)) == round(100 * explain["limit_share"])
-    shown = cli("show", str(out), tmp=tmp)
+    shown = side_runs["show"]
     assert "the choice reaches" in shown.stdout and "Where each finalist" in shown.stdout
 
 
-def test_version(tmp_path):
+def test_version(side_runs):
     from auturi import __version__
 
-    proc = cli("--version", tmp=tmp_path)
+    proc = side_runs["version"]
     assert proc.returncode == 0 and proc.stdout.strip() == f"auturi {__version__}"
 
 
-def test_without_typer_the_entry_point_names_the_install(tmp_path):
-    code = ("import sys; sys.modules['typer'] = None; sys.argv = ['auturi', '--help']; "
-            "from auturi.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env=cli_env(tmp_path), check=False)
+def test_without_typer_the_entry_point_names_the_install(side_runs):
+    """``import typer`` fails (side run "no_typer"): the entry point says what to install."""
+    proc = side_runs["no_typer"]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == ('auturi: error: the command line needs typer, which is not installed: '
                                    'pip install "auturi[cli]" (or pip install typer rich)')
@@ -262,10 +335,10 @@ def test_the_record_reports_start_up_apart(tuned):
     assert st["to_first_measurement_seconds"] == pytest.approx(st["before_tune_seconds"] + st["tune_setup_seconds"])
 
 
-def test_show_prints_the_table_and_the_config_line(tuned):
-    _, out, _, tmp = tuned
-    show = [sys.executable, "-m", "auturi.cli", "show", str(out)]
-    proc, as_json = run_together([show, show + ["--json"]], env=cli_env(tmp))
+def test_show_prints_the_table_and_the_config_line(tuned, side_runs):
+    """``auturi show`` of the record, and with ``--json`` (side runs "show", "show_json")."""
+    _, out, _, _ = tuned
+    proc, as_json = side_runs["show"], side_runs["show_json"]
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(out.read_text())
     assert parse_config_line(proc.stdout) == Config.from_dict(rec["choice"]["config"])
@@ -276,21 +349,19 @@ def test_show_prints_the_table_and_the_config_line(tuned):
     assert Config.from_dict(shown["choice"]) == parse_config_line(shown["config_line"])
 
 
-def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tuned):
+def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tuned, side_runs):
     """The module's first run stored its record in the cache: a second one with the same
-    workload starts from it and says so, naming the file and --no-cache, on stderr at the
-    start and in the report. Not in a terminal (stdin is not a TTY here), a --status-port page
-    stops with the run, and the last line says where its final state is kept."""
+    workload (side run "second", started once the first ended) starts from it and says so,
+    naming the file and --no-cache, on stderr at the start and in the report. Not in a
+    terminal (stdin is not a TTY here), a --status-port page stops with the run, and the last
+    line says where its final state is kept."""
     first, _, _, tmp = tuned
     assert "Reusing" not in first.stderr and "Cache:" not in first.stdout  # it started afresh: nothing to say
-    cached = list((tmp / "cache").glob("*.json"))
+    cached = side_runs.cached_after_tuned  # the cache as the first run left it
     assert len(cached) == 1, cached
     page = importlib.util.find_spec("fastapi") is not None  # the status server is the [server] extra
     out = tmp / "second.json"
-    # --budget-seconds 1: what is asserted (the notices, cache_hit) does not depend on how long
-    # the confirm rounds after the cached choice's measurement go on.
-    proc = cli("tune", "CartPole-v1", *TINY, "--budget-seconds", "1", "--out", str(out),
-               *(["--status-port", "0"] if page else []), tmp=tmp, columns=80, stdin=subprocess.DEVNULL)
+    proc = side_runs["second"]
     assert proc.returncode == 0, proc.stderr
     err, report = flat(proc.stderr), flat(proc.stdout)
     assert f"Reusing the cached choice from {cached[0]} (" in err and "(auturi tune --no-cache to measure" in err
@@ -304,22 +375,27 @@ def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tu
         assert len(line) <= 80 or "/" in line, line  # only a path longer than the line may pass it
 
 
-def test_json_output_module_factory_shm_and_status_port(tmp_path):
-    """``--json`` prints only JSON on stdout; ENV as module:factory from the working directory
-    reaches forkserver workers; ``--status-port 0`` serves the run's status."""
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
-    (tmp_path / "my_envs.py").write_text("from auturi.envs import CountingEnv\n\n\n"
-                                         "def make():\n    return CountingEnv(max_len=20)\n")
-    stdout = tmp_path / "stdout.json"
+def _status_port_run(tmp: Path) -> tuple[dict, float]:
+    """A ``--json --status-port 0`` tune of a module:factory env on the shm backend, its status
+    read over HTTP while it runs (a side run of its own, started beside the others): what was
+    seen, for test_json_output_module_factory_shm_and_status_port to check, and the seconds.
+    The process has ended when this returns."""
+    import httpx
+
+    t0 = time.perf_counter()
+    tmp.mkdir()
+    (tmp / "my_envs.py").write_text("from auturi.envs import CountingEnv\n\n\n"
+                                    "def make():\n    return CountingEnv(max_len=20)\n")
+    stdout = tmp / "stdout.json"
+    seen: dict = {"lines": [], "url": None, "phases": set(), "status": None}
     with open(stdout, "w") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "auturi.cli", "tune", "my_envs:make", "--policy", "mlp", "--backend", "shm",
              "--start", "num_actors=2", "--budget-trials", "2", "--num-envs", "4", "--num-steps", "8",
              "--max-trial-seconds", "1", "--budget-seconds", "1",  # start and serial are measured whatever the budget
              "--no-cache", "--json", "--status-port", "0", "--status-linger", "30"],
-            stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=cli_env(tmp_path))
-    lines: list[str] = []
+            stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp, env=cli_env(tmp))
+    lines = seen["lines"]
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
     try:
@@ -329,27 +405,45 @@ def test_json_output_module_factory_shm_and_status_port(tmp_path):
                       if "Status:" in ln), None)
             url = m.group(1) if m else None
             time.sleep(0.05)
-        assert url, f"no status URL on stderr: {lines}"
-        phases = set()
+        seen["url"] = url
+        if url is None:
+            return seen, time.perf_counter() - t0
         while time.monotonic() < deadline:
-            s = httpx.get(url + "status", timeout=10).json()
-            phases.add(s["phase"])
-            if s["phase"] == "done":
+            seen["status"] = httpx.get(url + "status", timeout=10).json()
+            seen["phases"].add(seen["status"]["phase"])
+            if seen["status"]["phase"] == "done":
                 break
             time.sleep(0.1)
-        assert s["phase"] == "done", phases
-        trials = httpx.get(url + "trials", timeout=10).json()
-        assert trials["total"] >= 2 and Config.from_dict(s["best_config"]).num_envs == 4
-        assert "auturi_tuner_trials_total" in httpx.get(url + "metrics", timeout=10).text
+        if seen["status"]["phase"] != "done":
+            return seen, time.perf_counter() - t0
+        seen["trials"] = httpx.get(url + "trials", timeout=10).json()
+        seen["metrics"] = httpx.get(url + "metrics", timeout=10).text
         # the record is on stdout once tuning ended, while the server lingers
         deadline = time.monotonic() + 30
         while not stdout.read_text().rstrip().endswith("}") and time.monotonic() < deadline:
             time.sleep(0.1)
-        rec = json.loads(stdout.read_text())
+        seen["record"] = stdout.read_text()
     finally:
         proc.terminate()  # ends the linger
         proc.wait(30)
         reader.join(5)
+    return seen, time.perf_counter() - t0
+
+
+def test_json_output_module_factory_shm_and_status_port(side_runs):
+    """``--json`` prints only JSON on stdout; ENV as module:factory from the working directory
+    reaches forkserver workers; ``--status-port 0`` serves the run's status (side run
+    "status_port": ``_status_port_run``)."""
+    pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    seen = side_runs["status_port"]
+    url, s = seen["url"], seen["status"]
+    assert url, f"no status URL on stderr: {seen['lines']}"
+    assert s["phase"] == "done", seen["phases"]
+    trials = seen["trials"]
+    assert trials["total"] >= 2 and Config.from_dict(s["best_config"]).num_envs == 4
+    assert "auturi_tuner_trials_total" in seen["metrics"]
+    rec = json.loads(seen["record"])
     assert Config.from_dict(rec["choice"]["config"]).num_envs == 4
     assert rec["workload"]["env"] == "my_envs.make" and rec["workload"]["backend"] == "shm"
     assert rec["status_url"] == url
@@ -404,14 +498,14 @@ this one process (as ``-m`` does: ``runpy.run_module(..., run_name="__main__")``
 each run's exit status, stdout and stderr as JSON."""
 
 
-def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path):
+def test_bad_input_exits_2_with_one_line_and_no_traceback(side_runs):
     """Each bad input: exit 2, one line on stderr naming the problem, nothing on stdout, no
-    traceback. The runs go through the entry point in one process (ENTRY_POINT_RUNS): 13
-    interpreters importing the command line at once took ~12 s of a core (2026-11-26); the
-    other tests here start it as a process of its own, which is what the console script does."""
-    cases = _errors_case(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", ENTRY_POINT_RUNS], input=json.dumps([args for args, _ in cases]),
-                          capture_output=True, text=True, timeout=120, env=cli_env(tmp_path), check=False)
+    traceback. The runs go through the entry point in one process (ENTRY_POINT_RUNS, side run
+    "bad_input"): 13 interpreters importing the command line at once took ~12 s of a core
+    (2026-11-26); the other tests here start it as a process of its own, which is what the
+    console script does."""
+    cases = _errors_case(side_runs.tmp / "bad_input")
+    proc = side_runs["bad_input"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout)
     assert len(results) == len(cases)
@@ -426,8 +520,7 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(tmp_path):
 
 def test_policy_from_a_saved_sb3_model(side_runs):
     pytest.importorskip("stable_baselines3")
-    results, _, _ = side_runs
-    ok, wrong = results["policy_ok"], results["policy_wrong"]
+    ok, wrong = side_runs["policy_ok"], side_runs["policy_wrong"]
     assert ok.returncode == 0, ok.stderr
     rec = json.loads(ok.stdout)
     assert rec["workload"]["policy"]["class"].endswith("SB3PolicyAdapter")
@@ -436,25 +529,15 @@ def test_policy_from_a_saved_sb3_model(side_runs):
     assert "Traceback" not in wrong.stderr
 
 
-def test_worker_timeout_and_address_reach_the_executor(tmp_path):
+def test_worker_timeout_and_address_reach_the_executor(side_runs):
     """--worker-timeout is the executor's worker_timeout: it overrides an AUTURI_WORKER_TIMEOUT
     the executor would refuse; --address is the Ray backend's (an address nobody listens on
-    fails at once, named). Without Ray, --backend ray is one line naming the install."""
-    env = dict(cli_env(tmp_path), AUTURI_WORKER_TIMEOUT="never")
-    env.pop("RAY_ADDRESS", None)
-    tune = [sys.executable, "-m", "auturi.cli", "tune", "CartPole-v1"]
-    no_ray = ("import runpy, sys; sys.modules['ray'] = None; "  # import ray fails, as when not installed
-              "sys.argv = ['auturi', 'tune', 'CartPole-v1', '--backend', 'ray']; "
-              "runpy.run_module('auturi.cli', run_name='__main__')")
-    commands = [tune + [*TINY[:2], "--budget-trials", "1"],
-                # one trial: what is checked is that the run starts and ends, not what it chooses
-                tune + [*TINY[:2], "--budget-trials", "1", "--num-envs", "4", "--num-steps", "16",
-                        "--max-trial-seconds", "0.5", "--worker-timeout", "30"],
-                [sys.executable, "-c", no_ray]]
+    fails at once, naming it and the fix: test_ray_cluster_cli's case of it too). Without Ray,
+    --backend ray is one line naming the install. (Side runs TIMEOUT_RUNS, with
+    AUTURI_WORKER_TIMEOUT=never.)"""
     with_ray = importlib.util.find_spec("ray") is not None
-    if with_ray:
-        commands.append(tune + ["--backend", "ray", "--address", "127.0.0.1:1", "--worker-timeout", "30"])
-    bad_env, ok, out, *far = run_together(commands, env=env)
+    bad_env, ok, out = (side_runs[name] for name in TIMEOUT_RUNS[:3])
+    far = [side_runs["ray_far"]] if with_ray else []
     assert bad_env.returncode == 1 and "worker_timeout must be a number of seconds" in bad_env.stderr, bad_env.stderr
     assert ok.returncode == 0, ok.stderr
     if with_ray:
@@ -469,8 +552,8 @@ def test_an_unwritable_cache_loses_nothing(side_runs):
     """The issue's case: the whole search ran, then PermissionError, exit 1 and no --out. Now
     --out is written, the run exits 0, and one warning line names the directory and the fix.
     The cache directory lies under a regular file, so this holds when the tests run as root."""
-    results, _, tmp = side_runs
-    proc, cache_dir = results["unwritable"], tmp / "unwritable" / "a_file" / "cache"
+    tmp = side_runs.tmp
+    proc, cache_dir = side_runs["unwritable"], tmp / "unwritable" / "a_file" / "cache"
     out = tmp / "unwritable" / "result.json"
     assert proc.returncode == 0, proc.stderr
     assert Config.from_dict(json.loads(out.read_text())["choice"]["config"]).num_envs == 2
@@ -503,36 +586,73 @@ def make():
 '''
 
 
-@pytest.mark.parametrize("signame,with_out", [("SIGTERM", True), ("SIGINT", False)])
-def test_an_interrupted_tune_says_what_it_was_doing_and_writes_the_partial_record(tmp_path, signame, with_out):
-    """SIGTERM (a scheduler's stop) used to end ``auturi tune`` silently, with nothing saved.
-    Now it is handled as Ctrl-C is: every worker stopped, one line saying what was running
-    and where the partial record is; the record holds the trials measured so far."""
+INTERRUPTS = [("SIGTERM", True), ("SIGINT", False)]
+
+
+@pytest.fixture(scope="module")
+def interrupted_runs(request, tmp_path_factory) -> dict[tuple[str, bool], tuple]:
+    """The selected cases of the interrupted-tune test, started at once (each mostly one core's
+    work until its marker shows; one after another they took ~8 s, 2026-11-27), each sent its
+    signal as soon as its env has stepped 300 times, all ended before any test reads its
+    result. Per case ``(signame, with_out)``: ``(tmp folder, returncode, stdout, stderr,
+    whether the marker showed before the process ended or 90 s passed)``."""
     import signal
 
-    (tmp_path / "marked_env.py").write_text(MARKER_ENV)
-    marker = tmp_path / "tuning-started"
-    out = tmp_path / "partial.json"
-    args = [sys.executable, "-m", "auturi.cli", "tune", "marked_env:make", "--backend", "serial", "--strategy", "grid",
-            "--num-envs", "2", "--num-steps", "16", "--budget-seconds", "300", *(["--out", str(out)] if with_out else [])]
-    # SIGINT is Python's KeyboardInterrupt only where the parent did not ignore it (a
-    # background job's shell does): reset it for the child.
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=dict(cli_env(tmp_path), MARKER=str(marker)),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    cases = [tuple(item.callspec.params[k] for k in ("signame", "with_out")) for item in request.session.items
+             if getattr(item, "module", None) is request.module
+             and item.originalname == "test_an_interrupted_tune_says_what_it_was_doing_and_writes_the_partial_record"]
+    runs = {}
     try:
-        deadline = time.monotonic() + 90
-        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        for signame, with_out in dict.fromkeys(cases):
+            tmp = tmp_path_factory.mktemp(f"interrupted_{signame}")
+            (tmp / "marked_env.py").write_text(MARKER_ENV)
+            marker, out = tmp / "tuning-started", tmp / "partial.json"
+            args = [sys.executable, "-m", "auturi.cli", "tune", "marked_env:make", "--backend", "serial", "--strategy",
+                    "grid", "--num-envs", "2", "--num-steps", "16", "--budget-seconds", "300",
+                    *(["--out", str(out)] if with_out else [])]
+            # SIGINT is Python's KeyboardInterrupt only where the parent did not ignore it (a
+            # background job's shell does): reset it for the child.
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                                    env=dict(cli_env(tmp), MARKER=str(marker)),
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            runs[(signame, with_out)] = (tmp, marker, proc)
+        deadline, waiting, seen = time.monotonic() + 90, set(runs), {}
+        while waiting and time.monotonic() < deadline:
+            for case in list(waiting):
+                _, marker, proc = runs[case]
+                if marker.exists():
+                    proc.send_signal(getattr(signal, case[0]))
+                elif proc.poll() is None:
+                    continue
+                seen[case] = marker.exists()
+                waiting.discard(case)
             time.sleep(0.05)
-        assert marker.exists(), proc.communicate(timeout=60)
-        proc.send_signal(getattr(signal, signame))
-        stdout, stderr = proc.communicate(timeout=60)
+        for case in waiting:  # no marker within 90 s: nothing to interrupt
+            runs[case][2].kill()
+        done = {}
+        for case, (tmp, _, proc) in runs.items():
+            stdout, stderr = proc.communicate(timeout=60)
+            done[case] = (tmp, proc.returncode, stdout, stderr, seen.get(case, False))
+        return done
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+        for _, _, proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+
+@pytest.mark.parametrize("signame,with_out", INTERRUPTS)
+def test_an_interrupted_tune_says_what_it_was_doing_and_writes_the_partial_record(interrupted_runs, signame,
+                                                                                  with_out):
+    """SIGTERM (a scheduler's stop) used to end ``auturi tune`` silently, with nothing saved.
+    Now it is handled as Ctrl-C is: every worker stopped, one line saying what was running
+    and where the partial record is; the record holds the trials measured so far. (The runs:
+    ``interrupted_runs``.)"""
+    tmp_path, returncode, stdout, stderr, marked = interrupted_runs[(signame, with_out)]
+    out = tmp_path / "partial.json"
+    assert marked, (returncode, stdout, stderr)  # tuning was under way when the signal came
     code, words = (143, "terminated (SIGTERM)") if signame == "SIGTERM" else (130, "interrupted (Ctrl-C)")
-    assert proc.returncode == code, stderr
+    assert returncode == code, stderr
     line = next((ln for ln in stderr.splitlines() if ln.startswith("auturi: ")), "")
     assert line.startswith(f"auturi: {words} during the ") and "every worker was stopped" in line, stderr
     m = re.search(r"partial record: (\S+) \(auturi show", line)

@@ -46,8 +46,10 @@ EVERY_CONFIG_ENVS = ["counting", "dtype-discrete", "dtype-box"]  # the rest: one
 HYBRID = Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2, policies_per_actor=2, policy_batch_size=1)
 # Ray runs every config on CountingEnv and the dtype envs on one layout below: inside an actor
 # the same ActorHost as shm's hands each env its action, so every config x dtype env again
-# would only add Ray actor start-ups. HYBRID's Ray case is the first collects of
-# test_weight_updates_reach_every_replica (one executor for both: a Ray start-up of 2 actors fewer).
+# would only add Ray actor start-ups. HYBRID's Ray case (and its weight update, the Ray case of
+# test_weight_updates_reach_every_replica) is the first collects of test_executor_ray's
+# test_num_steps_change_weight_update_and_reconfigure_across_nodes, on the same cluster with the
+# same env, seed and collects (one executor for the three: two Ray start-ups of 2 actors fewer).
 EVERY_CONFIG_CASES = [pytest.param(e, b, c, id=f"{e}-{b}-{ids(c)}")
                       for e in EVERY_CONFIG_ENVS for b in ("serial", "shm") for c in CONFIGS] + \
                      [pytest.param("counting", "ray", c, id=f"counting-ray-{ids(c)}") for c in CONFIGS if c != HYBRID]
@@ -225,10 +227,11 @@ def test_seeding(backend):
         assert not np.array_equal(got[0].observations, ref[0].observations)
 
 
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", ["serial", "shm"], indirect=True)
 def test_weight_updates_reach_every_replica(backend, serial_reference):
-    """HYBRID's collects give the serial rollout (its every-config case, for Ray on this same
-    executor); then a weight update reaches every replica of every actor."""
+    """HYBRID's collects give the serial rollout; then a weight update reaches every replica of
+    every actor. (Ray's case, on the executor of its HYBRID every-config case too, with the
+    same checks: test_executor_ray's test_num_steps_change_weight_update_and_reconfigure_across_nodes.)"""
     env_fn = counting()
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=HYBRID, backend=backend,
                        seed=3) as ex:

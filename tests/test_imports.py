@@ -29,7 +29,7 @@ PACKAGES = ("auturi", "bench")
 LAYERS: list[tuple[str, ...]] = [
     ("auturi._version", "auturi.errors"),
     ("auturi.config", "auturi.envs", "auturi.rollout", "auturi.policy", "auturi.nets", "auturi.resources",
-     "auturi.sampling"),
+     "auturi.sampling", "auturi.device_wait"),
     ("auturi.executor",),
     ("auturi.tuner",),
     ("auturi.server",),  # the status server: the tuner's events out, no training framework

@@ -75,7 +75,7 @@ def make_executor(env: EnvLike, policy: Policy, num_envs: int | None = None, con
 
 EXECUTOR_KEYWORDS: dict[str, frozenset[str]] = {
     "all": frozenset({"env_id_offset", "worker_timeout", "check_finite"}),
-    "shm": frozenset({"start_method"}),
+    "shm": frozenset({"start_method", "defer_envs"}),
     "ray": frozenset({"address", "start_timeout", "actor_resources"}),
 }
 """The keywords :func:`make_executor` passes on, every backend's (``"all"``) and one
