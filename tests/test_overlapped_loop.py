@@ -13,6 +13,7 @@ lockstep loop, and a worker that fails mid-queue."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import threading
@@ -217,10 +218,14 @@ def test_a_slow_lane_holds_no_batch_back():
     assert fakes[0].max_spread >= 4
 
 
-def test_a_short_batch_goes_once_the_stepping_envs_could_not_fill_it():
+def test_a_short_batch_goes_once_the_stepping_envs_could_not_fill_it(monkeypatch):
     """At a collect's end (and behind a slow lane) fewer envs are left than a batch holds: the
     ready ones go to a free replica while others still step, rather than waiting for every env
     to come back (a step's delay for each of them, the replica idle meanwhile)."""
+    # The own share steps in the loop's thread: a thread of its own (taken when its steps'
+    # mean passes OWN_THREAD_SECONDS, as a pause of this process could make them) would
+    # reorder completions past the seeded ones this test reads (it failed 1-2 runs in 10).
+    monkeypatch.setattr(actor_loop, "OWN_THREAD_SECONDS", math.inf)
     cfg = Config(1, 12, 4, 2, "cuda", 4)
     env_fn = functools.partial(CountingEnv, max_len=9)
     short_while_stepping = []
