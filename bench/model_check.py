@@ -199,7 +199,8 @@ def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects:
     with emulated_gpu():
         with auturi.make_executor(env, policy(), num_envs=n, config=Config.serial(n, "cuda"), backend="shm") as ex:
             ex.collect(num_steps)
-            prof = profile_executor(ex, devices=["cuda"], num_steps=num_steps)
+            # as ``auturi tune`` profiles: the env also stepped on every core at once
+            prof = profile_executor(ex, devices=["cuda"], num_steps=num_steps, loaded=True)
         procs = max(d for d in range(1, min(n, cores) + 1) if n % d == 0)
         runners: dict[str, Any] = {}
         try:
