@@ -10,8 +10,7 @@ stepped 1.28x faster than each of 16 processes stepping at once (20,121 steps/s 
 15,314 measured), so the tuner's limit line overstated what the cores can step, and the model
 had no loaded step factor until a parallel layout was measured (it predicted 1.73x the measured
 throughput of its choice). :func:`time_env_loaded` measures it; ``auturi tune`` (the offline
-tuner) does so on machines of :data:`MIN_CORES` or more, for an env step of
-:data:`MIN_STEP_SECONDS` or more (a few seconds of its budget), and
+tuner) does so on machines of :data:`MIN_CORES` or more (a few seconds of its budget), and
 :func:`auturi.tuner.profile.profile_executor` turns it into the profile's ``loaded_step_factor``
 and the limit's measured envs-only rate.
 
@@ -28,17 +27,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MIN_CORES = 2
-"""Fewer cores than this: no loaded measurement. Two are enough to learn something: on the
-2-vCPU VM of 2026-11-27, Pong stepped 0.54 ms alone and 1.0 ms a step with both vCPUs busy
-(the two are one physical core's), and the profile-only model read 1.4-2.2x the measured
-rate of eight envs' CUDA layouts without that factor, 0.86-1.3x with it
-(``bench.model_check --computing``)."""
-
-MIN_STEP_SECONDS = 1e-4
-"""An env step shorter than this is not measured loaded: the executor's own work per step (tens
-of microseconds) is then as large as the env's, the per-layout fit carries both, and the
-copies' second or two would be most of a short tuning budget."""
+MIN_CORES = 4
+"""Fewer cores than this: no loaded measurement (on 2 cores its 2 copies say little the
+per-layout fit does not, and every process start is dear)."""
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ def machine_limit(serial_stats: list[Any], cores: int, profile: dict[str, Any] |
     envs, else ``"env"``.
 
     Where the profile measured the env with every core busy (its ``env_loaded_step_seconds``,
-    ``auturi tune`` for an env of 0.1 ms or more a step: :mod:`auturi.executor.loaded`), the env's CPU per step is
+    ``auturi tune`` on 4 cores or more: :mod:`auturi.executor.loaded`), the env's CPU per step is
     the loaded one, stretched by the profile's measured ``loaded_step_factor``, and
     ``env_loaded`` is ``"measured"``: on the H200 box of 2026-11-27 one env alone stepped 1.28x
     faster than each of 16 busy vCPUs, and the limit without it said 19,633 steps/s where the
@@ -503,8 +503,8 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     wait_ready = warm_backend(backend, policy_processes=built_in)
     if built_in:
         policy, _ = builtin_policy(policy, *probe_spaces(env))
-    # The model's profile also steps the env on every core at once (an env of 0.1 ms or more
-    # a step): the limit line and the model's first predictions then know what busy cores step.
+    # The model's profile also steps the env on every core at once (4 cores or more): the
+    # limit line and the model's first predictions then know what busy cores step.
     skw = {"profile_kwargs": {"loaded": True}} if strategy == "model" else None
     tuner = Tuner(strategy, budget_trials=budget.trials, budget_seconds=budget.seconds,
                   max_trial_seconds=max_trial_seconds, top_k=top_k, final_rounds=final_rounds, devices=devices,

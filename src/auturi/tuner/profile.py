@@ -191,7 +191,7 @@ class Profile:
     else fitted (see :data:`DEFAULT_LOADED_STEP_FACTOR`)."""
     env_loaded_step_seconds: float = 0.0
     """One env step's wall seconds with a copy of the env stepping on every core at once
-    (:func:`auturi.executor.loaded.time_env_loaded`; ``auturi tune``, :func:`should_time_loaded`); 0: not
+    (:func:`auturi.executor.loaded.time_env_loaded`; ``auturi tune`` on 4 cores or more); 0: not
     measured."""
     device_share: float = DEFAULT_DEVICE_SHARE
     """Share of a forward pass's latency on a device (not the CPU) during which it holds the
@@ -286,8 +286,7 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
         cores: usable cores (default: this process's affinity).
         num_steps, node_cores: see :func:`collect_fields`.
         loaded: also step a copy of the env on every core at once (:func:`should_time_loaded`
-            says where: one machine of 2 cores or more, an env that computes for 0.1 ms or
-            more a step), which sets
+            says where: one machine of 4 cores or more, an env that computes), which sets
             ``env_loaded_step_seconds`` and ``loaded_step_factor``: about ``1 + warm-up``
             seconds and one process start per core.
 
@@ -311,7 +310,7 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
         wall[dev], cpu[dev] = time_policy(policy, obs, sorted(set(batch_sizes)), dev, seconds=policy_seconds)
     cores = int(cores or usable_cores())
     extra: dict[str, float] = {}
-    if loaded and should_time_loaded(executor, cores, cpu_frac, env_mean):
+    if loaded and should_time_loaded(executor, cores, cpu_frac):
         from auturi.executor.loaded import loaded_step_factor, time_env_loaded
 
         timing = time_env_loaded(env_fns[0], cores, seed=int(getattr(executor, "seed", 0)))
@@ -325,16 +324,16 @@ def profile_executor(executor: Any, batch_sizes: Sequence[int] | None = None,
                    profile_seconds=time.perf_counter() - t_start)
 
 
-def should_time_loaded(executor: Any, cores: int, cpu_fraction: float, step_seconds: float = math.inf) -> bool:
+def should_time_loaded(executor: Any, cores: int, cpu_fraction: float) -> bool:
     """Whether :func:`profile_executor` times the env loaded: on one machine (not ``ray``,
     whose nodes the copies would not reach) of :data:`auturi.executor.loaded.MIN_CORES` cores
     or more, for an env that mostly computes (one that waits on a simulator elsewhere is not
-    bounded by these cores), steps for :data:`~auturi.executor.loaded.MIN_STEP_SECONDS` or
-    more, and steps itself (EnvPool's and ale-py's vector envs run their own threads)."""
-    from auturi.executor.loaded import MIN_CORES, MIN_STEP_SECONDS
+    bounded by these cores) and steps itself (EnvPool's and ale-py's vector envs run their
+    own threads)."""
+    from auturi.executor.loaded import MIN_CORES
 
     fns = getattr(executor, "env_fns", None) or []
-    return (cores >= MIN_CORES and cpu_fraction >= 0.5 and step_seconds >= MIN_STEP_SECONDS and bool(fns)
+    return (cores >= MIN_CORES and cpu_fraction >= 0.5 and bool(fns)
             and str(getattr(executor, "backend", "shm")) != "ray" and not hasattr(fns[0], "make_runner"))
 
 
