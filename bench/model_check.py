@@ -11,10 +11,13 @@ measured steps/s for CUDA layouts, on
   the tuner's own profiling (:func:`~auturi.tuner.profile.profile_executor`) then ten CUDA
   layouts (:func:`emulated_layouts`: five lockstep, five in the overlapped loop) measured in
   interleaved rounds, each against the profile-only prediction (what the model strategy
-  ranks with before any measurement), with the loop it ran and its actors' blocked share.
+  ranks with before any measurement), with the loop it ran and its actors' blocked share;
+- ``computing`` (``--computing [ENV_ID]``, default ALE/Pong-v5, 8 envs): envs that compute on
+  this machine's own cores, the policy on an emulated device, profiled as ``auturi tune``
+  profiles (:func:`computing`); about a minute on 2 cores.
 
 Run: python -m bench.model_check [--skip-emulated] [--profiles pong-like straggler] [--rounds 3]
-     [--out bench/results/model_check.json]
+     [--computing [ENV_ID]] [--computing-envs 8] [--out bench/results/model_check.json]
      python -m bench.model_check --recheck bench/results/model_check.json --out /tmp/recheck.json
 A run of the emulated part takes about 2-3 minutes on 2 cores (10 layouts, two profiles;
 2m13s on 2026-11-26 at load 3-6); ``--recheck`` runs nothing: it redoes the predictions of a
