@@ -366,8 +366,8 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
         # overlap): a lane's stepping lasts at least its core's k lanes' CPU, and the
         # cores it frees while the batch is on the device sit idle (lockstep: no lane has a
         # step to take until the actions come back). The cap by the cores alone counted those
-        # idle moments as stepping: Pong on 2 cores, 1 x 8 at degree 4 and 8 with the policy on
-        # an emulated device, read ~1.3x the measured rate (bench.model_check --computing).
+        # idle moments as stepping: on the GPU record of 2026-11-26, 1 x 64 at degree 32 (two
+        # lanes a core) read +165% from the profile alone, +72% with this (bench.model_check).
         k = math.ceil(D / cores) if cores > 0 else 1
         shared = max(0.0, k * m * _step_cpu(prof) - m * te)
         # Lock-stepped lanes wait for the slowest: the expected max of D lanes' row times

@@ -123,15 +123,19 @@ class RLModulePolicy:
             u = torch.as_tensor(np.ascontiguousarray(noise), device=dev)
             if self.kind == "epsilon_greedy":
                 return self._epsilon_greedy(batch, u), {}
-            a, extras = self._from_distribution(batch, u)
-        actions = to_host(a)[0]
+            a, logp, inputs = self._from_distribution(batch, u)
+        # one wait for the device's pass, then the three copies (device_wait.to_host)
+        actions, logp, inputs = to_host(a, logp, inputs)
+        extras = {"action_logp": logp, "action_dist_inputs": inputs}
         if self.kind == "categorical":
             return actions, extras
         actions = actions.reshape((-1, *self.action_space.shape)).astype(np.float32, copy=False)
         extras["raw_actions"] = actions
         return self._for_env(actions), extras
 
-    def _from_distribution(self, batch: dict, u: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    def _from_distribution(self, batch: dict, u: Any) -> tuple[Any, Any, Any]:
+        """The actions sampled from ``u``, their log-probabilities and the distribution's
+        inputs (float32), as tensors on the module's device."""
         module = self.module
         if self._dist_cls is None:
             self._dist_cls = module.get_exploration_action_dist_cls()
@@ -143,8 +147,7 @@ class RLModulePolicy:
             a = normal_from_uniform(dist._dist.loc, dist._dist.scale, u)
             if self.kind == "squashed_gaussian":
                 a = dist._squash(a)  # tanh into [low, high] (RLlib's default [-1, 1]), as its sample()
-        logp, dist_inputs = to_host(dist.logp(a).float(), inputs.float())
-        return a, {"action_logp": logp, "action_dist_inputs": dist_inputs}
+        return a, dist.logp(a).float(), inputs.float()
 
     def _epsilon_greedy(self, batch: dict, u: Any) -> np.ndarray:
         """DQN's ``_forward_exploration`` with the executor's uniforms for its two ``torch`` draws
