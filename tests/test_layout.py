@@ -37,22 +37,44 @@ def _ids(cfg: Config, a: int) -> list[int]:
 
 def _expected_processes(cfg: Config, cores: list[int]) -> list[tuple]:
     """(kind, name, env ids, cpus) of the shm slots, in slot order, as _apply_config makes them."""
-    out, k, n = [], cfg.envs_per_worker, len(cores)
+    out, k = [], cfg.envs_per_worker
     if cfg.num_actors > 1:
         for a in range(cfg.num_actors):
             ids = _ids(cfg, a)
-            out.append(("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", tuple(ids[:k]), (cores[a % n],)))
+            out.append(("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", tuple(ids[:k])))
     for a in range(cfg.num_actors):
         for w in range(1, cfg.env_parallel_degree):
             lo = _ids(cfg, a)[0] + w * k
-            out.append(("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", tuple(range(lo, lo + k)),
-                        (cores[(a + w) % n],)))
+            out.append(("env", f"env worker {w} of actor {a} (envs {lo}-{lo + k - 1})", tuple(range(lo, lo + k))))
         if cfg.policies_per_actor > 1:
             for r in range(cfg.policies_per_actor):
                 ids = _ids(cfg, a)
                 out.append(("policy", f"policy replica {r} of actor {a} (envs {ids[0]}-{ids[-1]}) on {cfg.policy_device}",
-                            (), ()))
+                            ()))
     return out
+
+
+def _check_spread(p, cfg: Config, cores: list[int]) -> None:
+    """The pins of every env-stepping process (lane): one usable core each; as many lanes on
+    every core as on any other, give or take one; an actor's lanes on distinct cores while it
+    has no more than the cores; actor processes on distinct cores while there are no more
+    than the cores. Replicas are not pinned."""
+    n, A, D = len(cores), cfg.num_actors, cfg.env_parallel_degree
+    hosts = [p.main] if A == 1 else [q for q in p.processes if q.kind == "actor"]
+    lanes = []
+    for a, host in enumerate(hosts):
+        workers = [q for q in p.processes if q.kind == "env" and q.actor == a]
+        mine = [host.cpus] + [q.cpus for q in workers] if D > 1 or A > 1 else []
+        assert all(len(c) == 1 and c[0] in cores for c in mine)
+        if D <= n:
+            assert len({c[0] for c in mine}) == len(mine)
+        lanes += [c[0] for c in mine]
+    if lanes:
+        per_core = [lanes.count(c) for c in cores]
+        assert max(per_core) - min(per_core) <= 1
+    if 1 < A <= n:
+        assert len({q.cpus for q in hosts}) == A
+    assert all(q.cpus == () for q in p.processes if q.kind == "policy")
 
 
 def _shm_threads(cfg: Config, n: int) -> int:
@@ -68,7 +90,8 @@ def _shm_threads(cfg: Config, n: int) -> int:
 def test_shm_plan_follows_the_current_rules(cfg, cores):
     p = plan_layout(cfg, cores=cores)
     assert p.backend == "shm" and p.cores == tuple(sorted(cores))
-    assert [(q.kind, q.name, q.env_ids, q.cpus) for q in p.processes] == _expected_processes(cfg, list(cores))
+    assert [(q.kind, q.name, q.env_ids) for q in p.processes] == _expected_processes(cfg, list(cores))
+    _check_spread(p, cfg, list(cores))
     assert p.num_processes == len(p.processes) == cfg.num_processes
     # The tuner's model counts A * (D + (P if P > 1 else 0)) busy processes.
     assert p.busy_processes == cfg.num_actors * (cfg.env_parallel_degree + (cfg.policies_per_actor > 1)
@@ -177,11 +200,11 @@ def test_hand_worked_two_actors():
     p = plan_layout(cfg, cores=[3, 1, 2])  # any order: pins index the sorted cores
     assert [(q.name, q.cpus, q.threads) for q in p.processes] == [
         ("actor 0 (envs 0-3)", (1,), None),
-        ("actor 1 (envs 4-7)", (2,), None),
+        ("actor 1 (envs 4-7)", (3,), None),
         ("env worker 1 of actor 0 (envs 2-3)", (2,), None),
         ("policy replica 0 of actor 0 (envs 0-3) on cpu", (), 1),  # (3 cores - 2 env workers) // 4 replicas -> 1
         ("policy replica 1 of actor 0 (envs 0-3) on cpu", (), 1),
-        ("env worker 1 of actor 1 (envs 6-7)", (3,), None),
+        ("env worker 1 of actor 1 (envs 6-7)", (1,), None),
         ("policy replica 0 of actor 1 (envs 4-7) on cpu", (), 1),
         ("policy replica 1 of actor 1 (envs 4-7) on cpu", (), 1),
     ]
@@ -203,6 +226,24 @@ def test_hand_worked_threads_and_lockstep():
     # more env workers than cores wrap around
     p = plan_layout(Config(envs_per_actor=4, env_parallel_degree=4), cores=[0, 1])
     assert [q.cpus for q in p.processes] == [(1,), (0,), (1,)]
+
+
+@pytest.mark.parametrize("actors,degree", [(8, 2), (4, 4), (2, 8), (3, 8), (2, 16), (5, 3)])
+def test_lanes_spread_over_every_core_of_a_big_machine(actors, degree):
+    # Pinning actor a's lanes to the cores after core a put 8 x 2 on 9 of 16 cores.
+    cfg = Config(num_actors=actors, envs_per_actor=degree, env_parallel_degree=degree, policy_device="cuda")
+    p = plan_layout(cfg, cores=range(16))
+    _check_spread(p, cfg, list(range(16)))
+    used = {q.cpus[0] for q in p.processes if q.kind in ("actor", "env")}
+    assert len(used) == min(16, actors * degree)
+
+
+def test_hand_worked_spread():
+    p = plan_layout(Config(num_actors=2, envs_per_actor=2, env_parallel_degree=2), cores=[0, 1])
+    assert [(q.kind, q.cpus) for q in p.processes] == [("actor", (0,)), ("actor", (1,)), ("env", (1,)), ("env", (0,))]
+    p = plan_layout(Config(num_actors=3, envs_per_actor=8, env_parallel_degree=8), cores=range(16))
+    assert [q.cpus[0] for q in p.processes if q.kind == "actor"] == [0, 8, 1]
+    assert [q.cpus[0] for q in p.processes if q.kind == "env" and q.actor == 2] == [2, 3, 4, 5, 6, 7, 8]
 
 
 def test_cuda_device_string_reaches_replicas_and_ray_sees_cuda():

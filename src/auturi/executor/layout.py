@@ -15,9 +15,15 @@ applying, so that a plan read instead of recomputed changes nothing):
   ("main"); with more, each actor is a process. The actor's own process steps share 0 of its
   envs and ``env_parallel_degree - 1`` env worker processes step the others. With one replica
   inference runs in the actor's process, else in ``policies_per_actor`` replica processes.
-  Over the sorted usable ``cores`` (``n`` of them): actor ``a``'s process is pinned to
-  ``cores[a % n]`` (main to ``cores[0]``, during a collect only, when it has env workers),
-  its env worker ``w`` to ``cores[(a + w) % n]``; replicas are not pinned. A CPU replica
+  Over the sorted usable ``cores`` (``n`` of them) every env-stepping process (an actor's
+  own process, or main during a collect when it has env workers, and each env worker) is
+  pinned to one core, spread by :func:`lane_cores`: actor by actor, the actor's process
+  goes to a core with the fewest such processes (among those, the fewest actor processes,
+  then the lowest), and its env workers to the following cores with the fewest, none twice
+  for one actor until it has used every core. Every core thus holds as many lanes as any
+  other, give or take one, an actor's lanes sit on distinct cores while it has no more
+  than ``n``, and actor processes (which also run a one-replica policy) on distinct cores
+  while there are no more than ``n``. Replicas are not pinned. A CPU replica
   process (and an actor process running its own policy) sets
   ``max(1, (n - env workers) // replicas)`` torch threads, counted over all actors; a CUDA
   one sets 1; main's threads are the caller's and are left alone.
@@ -279,22 +285,44 @@ def policy_threads(config: Config, num_cores: int | None) -> int | None:
     return max(1, (num_cores - env_procs) // replicas)
 
 
-def _pin(cores: tuple[int, ...] | None, k: int) -> tuple[int, ...] | None:
-    return None if cores is None else (cores[k % len(cores)],)
+def lane_cores(actors: int, degree: int, n: int) -> list[list[int]]:
+    """For each of ``actors`` actors, the core index (into ``n`` cores) of each of its
+    ``degree`` env lanes (lane 0 is the actor's own process), spread as the module docstring
+    says. Spreading matters on a machine with more cores than actors: pinning actor ``a``'s
+    lanes to the cores after core ``a`` (this module's rule until 2026-11-27) put 8 actors x
+    2 lanes on 9 of 16 cores, two lanes on most of them.
+
+    Example:
+        >>> lane_cores(8, 2, 16)[:3], lane_cores(2, 2, 2)
+        ([[0, 1], [2, 3], [4, 5]], [[0, 1], [1, 0]])
+    """
+    lanes, hosts, out = [0] * n, [0] * n, []
+    for _ in range(actors):
+        first = min(range(n), key=lambda i: (lanes[i], hosts[i], i))
+        lanes[first] += 1
+        hosts[first] += 1
+        mine = [first]
+        for _w in range(1, degree):
+            pool = [i for i in range(n) if i not in mine] or range(n)
+            core = min(pool, key=lambda i: (lanes[i], (i - first) % n))
+            lanes[core] += 1
+            mine.append(core)
+        out.append(mine)
+    return out
 
 
-def _actor_plan(config: Config, a: int, host: ProcessPlan, cores: tuple[int, ...] | None, first: int,
+def _actor_plan(config: Config, a: int, host: ProcessPlan, lanes: Sequence[int] | None,
                 threads: int | None, label: str) -> ActorPlan:
     """Actor ``a`` of ``config`` whose loop runs in ``host``; ``label`` names it in its
-    workers' names ("actor a" or "ray actor a"); env worker ``w`` is pinned to
-    ``cores[(first + w) % len(cores)]``; replica processes set ``threads``."""
+    workers' names ("actor a" or "ray actor a"); env worker ``w`` is pinned to core
+    ``lanes[w]`` (None: not known yet); replica processes set ``threads``."""
     ids = tuple(config.actor_env_ids(a))
     k, dev = config.envs_per_worker, config.policy_device
     shares, workers = [EnvShare(host.name, ids[:k])], []
     for w in range(1, config.env_parallel_degree):  # share 0 is the actor's
         share = ids[w * k:(w + 1) * k]
         name = f"env worker {w} of {label} (envs {share[0]}-{share[-1]})"
-        workers.append(ProcessPlan("env", name, a, share, cpus=_pin(cores, first + w)))
+        workers.append(ProcessPlan("env", name, a, share, cpus=None if lanes is None else (lanes[w],)))
         shares.append(EnvShare(name, share))
     if config.policies_per_actor == 1:
         replicas = (ReplicaPlan(0, host.name, dev, host.threads),)
@@ -325,14 +353,16 @@ def _shm_plan(config: Config, cores: tuple[int, ...], count: int | None = None) 
     """``cores``: the ids processes are pinned to; ``count``: how many cores' worth of time
     they share (default: as many as ``cores``; fewer under a cgroup CPU quota)."""
     threads = policy_threads(config, len(cores) if count is None else count)
+    spread = [[cores[i] for i in lanes]
+              for lanes in lane_cores(config.num_actors, config.env_parallel_degree, len(cores))]
     if config.num_actors == 1:
         main = _host("main", MAIN, config, 0, None, (cores[0],) if config.env_parallel_degree > 1 else ())
-        return LayoutPlan(config, "shm", cores, main, (_actor_plan(config, 0, main, cores, 0, threads, "actor 0"),))
+        return LayoutPlan(config, "shm", cores, main, (_actor_plan(config, 0, main, spread[0], threads, "actor 0"),))
     actors = []
     for a in range(config.num_actors):
         ids = config.actor_env_ids(a)
-        host = _host("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", config, a, threads, _pin(cores, a))
-        actors.append(_actor_plan(config, a, host, cores, a, threads, f"actor {a}"))  # its workers follow its core
+        host = _host("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", config, a, threads, (spread[a][0],))
+        actors.append(_actor_plan(config, a, host, spread[a], threads, f"actor {a}"))
     return LayoutPlan(config, "shm", cores, ProcessPlan("main", MAIN, None), tuple(actors))
 
 
@@ -351,7 +381,8 @@ def _ray_plan(config: Config, cores: Cores) -> LayoutPlan:
         pin = None if own is None else ((own[0],) if config.env_parallel_degree > 1 else ())
         host = _host("actor", f"ray actor {a} (envs {ids[0]}-{ids[-1]})", on_node, a, None, pin)
         threads = policy_threads(node, None if own is None else len(own))
-        plan = _actor_plan(on_node, a, host, own, 0, threads, f"ray actor {a}")
+        lanes = None if own is None else [own[i] for i in lane_cores(1, config.env_parallel_degree, len(own))[0]]
+        plan = _actor_plan(on_node, a, host, lanes, threads, f"ray actor {a}")
         actors.append(replace(plan, ray=placement))
     return LayoutPlan(config, "ray", (), ProcessPlan("main", MAIN, None), tuple(actors))
 

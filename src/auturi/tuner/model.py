@@ -361,7 +361,7 @@ def _pipeline_row(config: Config, prof: Profile, busy: float, cores: int, device
     # together and ride in the same batch unless the batch is smaller than the lane.
     env_tasks = math.ceil(m / B)
     if D > 1:
-        # More lanes than cores: the layout pins lane i to core i mod cores, so k lanes share
+        # More lanes than cores: the layout spreads an actor's lanes over the cores, so k share
         # each core and take turns with their steps' CPU (their waits inside the envs
         # overlap): a lane's stepping lasts at least its core's k lanes' CPU, and the
         # cores it frees while the batch is on the device sit idle (lockstep: no lane has a
