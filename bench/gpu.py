@@ -16,7 +16,7 @@ FrameStackObservation(4)), 64 envs x 64 steps, ``NatureCNNActorCritic(4, 6)``: t
 ceiling (the envs stepped with random actions in one process per core, nothing else), SB3's
 SubprocVecEnv with the policy on cuda in the main process, ``auturi.tune(devices=["cpu",
 "cuda"], budget_seconds=45)`` then collects with its choice (its predicted against measured
-throughput beside), and one overlapped layout.
+throughput beside), one overlapped layout and one of several actors (:data:`SPREAD`).
 
 Part 3, C++ vector env: Pong in ale-py's ``AtariVectorEnv`` (ale-py >= 0.11; its standard
 preprocessing in C++: 84x84 grey, frame skip 4, 4 stacked frames), 64 envs x 64 steps, the same
@@ -80,6 +80,11 @@ FIXED = "2,16,8,1,cuda,16"
 OVERLAP = "1,64,32,4,cuda,16"
 """Part 2's overlapped layout: 4 CUDA replicas of batch 16 over 64 envs in 32 env lanes, so the
 actor's envs step while other batches are in inference (``ActorPlan.overlap``)."""
+SPREAD = "4,16,4,1,cuda,16"
+"""Part 2's many-actor layout: 4 actors x 16 envs in 4 lanes each, one CUDA replica in each
+actor. On 2026-11-26 (H200 box) it measured 4,862 steps/s with its 16 lanes pinned to 7 of
+the 16 cores (the layout's rule then: actor ``a``'s lanes on the cores after core ``a``); the
+layout now spreads them over all 16 (``auturi.executor.layout.lane_cores``)."""
 ALE_LAYOUTS = ("2,32,1,1,cuda,32", "4,16,1,1,cuda,16", "1,64,1,1,cuda,64")
 """Part 3's Auturi layouts on ``ale:pong``: lockstep (one CUDA replica in each actor, a batch of
 all its envs, degree 1), so every step names all of an actor's envs and they stay in ONE
@@ -134,6 +139,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                 "steps": args.steps or [32_768, 98_304], "fixed": args.fixed or FIXED,
                 "collect_envs": 64, "collect_steps": 64, "collect_samples": 3, "ceiling_procs": args.ceiling_procs,
                 "tune_seconds": 45.0, "tune_devices": ["cpu", "cuda"], "overlap": args.overlap or OVERLAP,
+                "spread": args.spread or SPREAD,
                 "env": "pong",
                 "ale_game": "pong", "ale_envs": 64, "ale_steps": 64, "ale_samples": 3, "ale_device": "cuda",
                 "ale_threads": min(_cores(), 64), "ale_layouts": args.ale_layouts or list(ALE_LAYOUTS),
@@ -143,6 +149,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
             "steps": args.steps or [128, 256], "fixed": args.fixed or "2,2,2,1,cpu,2",
             "collect_envs": 4, "collect_steps": 8, "collect_samples": 2, "ceiling_procs": 2,
             "tune_seconds": 4.0, "tune_devices": ["cpu"], "overlap": args.overlap or "1,4,2,2,cpu,2",
+            "spread": args.spread or "2,2,2,1,cpu,2",
             "env": "pong" if ale else "cartpole",
             "ale_game": "pong", "ale_envs": 4, "ale_steps": 8, "ale_samples": 2, "ale_device": "cpu",
             "ale_threads": min(_cores(), 4), "ale_layouts": args.ale_layouts or SMOKE_ALE_LAYOUTS,
@@ -504,6 +511,10 @@ def part2(s: dict[str, Any], clock: "Clock") -> dict[str, Any]:
     plan = plan_layout(ov)
     measure("auturi_overlap", lambda: AuturiRunner(make_env, _policy(s, "cpu"), n, ov, warmup_steps=0), 15,
             lambda r: {"config": str(ov), "overlap": [a.overlap for a in plan.actors]})
+    sp = _config(s["spread"])
+    lanes = [q.cpus[0] for q in plan_layout(sp).processes if q.kind in ("actor", "env") and q.cpus]
+    measure("auturi_spread", lambda: AuturiRunner(make_env, _policy(s, "cpu"), n, sp, warmup_steps=0), 15,
+            lambda r: {"config": str(sp), "lane_cores": len(set(lanes))})
     base = (rows.get("sb3_subproc") or {}).get("steps_per_second")
     ceil = (rows.get("envs_only") or {}).get("steps_per_second")
     for r in rows.values():
@@ -517,7 +528,8 @@ def part2(s: dict[str, Any], clock: "Clock") -> dict[str, Any]:
         tuned["measured_here"] = t["steps_per_second"]["median"]
         tuned["predicted_over_measured"] = tuned["predicted"] / t["steps_per_second"]["median"]
     return {"settings": {k: s[k] for k in ("env", "device", "collect_envs", "collect_steps", "collect_samples",
-                                           "ceiling_procs", "tune_seconds", "tune_devices", "overlap")},
+                                           "ceiling_procs", "tune_seconds", "tune_devices", "overlap",
+                                           "spread")},
             "systems": rows, "tune": tuned, "skipped": skipped}
 
 
@@ -865,11 +877,14 @@ def _part2_md(rec: dict) -> list[str]:
            "| system | steps/s | vs SB3 SubprocVecEnv | vs envs only | cores busy |", "|---|---:|---:|---:|---:|"]
     names = {"envs_only": f"envs only ({st['ceiling_procs']} processes, random actions)",
              "sb3_subproc": "SB3 SubprocVecEnv (forkserver), policy in the main process",
-             "auturi_tuned": "Auturi tuned", "auturi_overlap": "Auturi overlapped"}
+             "auturi_tuned": "Auturi tuned", "auturi_overlap": "Auturi overlapped",
+             "auturi_spread": "Auturi, several actors"}
     for k, r in rec["systems"].items():
         label = names.get(k, k) + (f": {r['config']}" if r.get("config") else "")
         if r.get("overlap") is not None:
             label += f" (overlap {r['overlap']})"
+        if r.get("lane_cores") is not None:
+            label += f" (lanes on {r['lane_cores']} cores)"
         out.append(_system_row(label, r, "vs_sb3_subproc"))
     t = rec.get("tune") or {}
     out += _tune_md(t, f"{st['tune_seconds']:.0f} s, devices {', '.join(st['tune_devices'])}", t.get("choice"),
@@ -938,6 +953,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "default wrap; the others only when named)")
     ap.add_argument("--fixed", default=None, help=f"part 1's fixed layout, six fields (default {FIXED})")
     ap.add_argument("--overlap", default=None, help=f"part 2's overlapped layout (default {OVERLAP})")
+    ap.add_argument("--spread", default=None, help=f"part 2's several-actor layout (default {SPREAD})")
     ap.add_argument("--ale-layouts", nargs="+", default=None,
                     help=f"part 3's Auturi layouts on ale:pong, six fields each (default {' '.join(ALE_LAYOUTS)})")
     ap.add_argument("--ale-tune-seconds", type=float, default=None,

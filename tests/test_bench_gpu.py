@@ -47,6 +47,13 @@ def test_defaults_are_the_gpu_recipe_and_smoke_is_tiny_on_cpu():
     assert gpu.parse_args(["--out", "x"]).parts == [1, 2, 3]
 
 
+def test_the_several_actor_default_spreads_its_lanes_over_the_gpu_box_cores():
+    from auturi.executor.layout import plan_layout
+    plan = plan_layout(gpu._config(gpu.SPREAD), cores=range(16))
+    assert len(plan.actors) > 1 and {q.cpus for q in plan.processes if q.kind in ("actor", "env")} == {
+        (c,) for c in range(16)}
+
+
 def test_the_overlapped_default_is_an_overlapped_plan():
     from auturi.executor.layout import plan_layout
 
@@ -123,12 +130,14 @@ def _records() -> tuple[dict, dict, dict]:
     sps = {"median": 20_000.0}
     p2 = {"settings": {"env": "pong", "device": "cuda", "collect_envs": 64, "collect_steps": 64, "collect_samples": 3,
                        "ceiling_procs": 16, "tune_seconds": 45.0, "tune_devices": ["cpu", "cuda"],
-                       "overlap": gpu.OVERLAP},
+                       "overlap": gpu.OVERLAP, "spread": gpu.SPREAD},
           "systems": {"envs_only": {"steps_per_second": {"median": 29_000.0}, "vs_envs_only": 1.0},
                       "sb3_subproc": {"steps_per_second": {"median": 8_000.0}, "vs_sb3_subproc": 1.0},
                       "auturi_tuned": {"steps_per_second": sps, "config": cfg, "vs_sb3_subproc": 2.5,
                                        "vs_envs_only": 0.69},
-                      "auturi_overlap": {"error": "ValueError: no", "config": cfg, "overlap": [True]}},
+                      "auturi_overlap": {"error": "ValueError: no", "config": cfg, "overlap": [True]},
+                      "auturi_spread": {"steps_per_second": {"median": 15_000.0}, "config": gpu.SPREAD,
+                                        "lane_cores": 16, "vs_sb3_subproc": 1.875, "vs_envs_only": 0.52}},
           "tune": {"choice": cfg, "predicted": 30_000.0, "tuner_measured": 21_000.0, "measured_here": 20_000.0,
                    "predicted_over_measured": 1.5, "limit": {"steps_per_second": 28_000.0}, "limit_share": 0.75},
           "skipped": []}
@@ -148,6 +157,7 @@ def test_the_summary_shows_every_run_its_ratio_refusals_errors_skips_and_the_mov
     assert "| plain SB3, SubprocVecEnv | 12.0 | skipped |" in md
     assert "at collect 3" in md and "| 0 | serial | 1.50 |" in md and "(2.50 s)" in md
     assert "| 20,000 | 2.50x | 69% |" in md and "error: ValueError: no" in md
+    assert "(lanes on 16 cores) | 15,000 | 1.88x | 52% |" in md
     assert "predicted 30,000 steps/s" in md and "predicted / measured here 1.50" in md
     for line in md.splitlines():  # every table row has its columns, nothing split by a config's |
         if line.startswith("| ") and "rollout" not in line and "---" not in line:
