@@ -5,6 +5,7 @@ import logging
 import multiprocessing.resource_tracker as resource_tracker
 import os
 import subprocess
+import threading
 import time
 
 import psutil
@@ -127,6 +128,97 @@ class BackgroundRun:
             self.proc.kill()
         self.proc.wait()
         BACKGROUND_PIDS.discard(self.proc.pid)
+
+
+class BackgroundThread:
+    """An early run of several processes, in order or a few at a time (test_cli's side runs,
+    test_readme's examples): ``target(self)`` runs in a thread of this process and starts each
+    process with ``self.run`` (or ``self.popen``), whose pid stays in BACKGROUND_PIDS until it
+    ended; ``result()`` waits for the thread and returns what ``target`` returned (or raises
+    what it raised); ``end()`` kills what still runs and starts nothing more. Such a run fills
+    the core that in-process tests leave idle while the modules before its own run (the
+    suite's user time was about its wall time in a 2-core run, 2026-11-27). Such runs go one
+    after another, in the order they were made (the order of their modules): each would
+    otherwise crowd the cores as the session starts, when the first module's run is the one
+    needed first."""
+
+    _lane: list[BackgroundThread] = []  # every one made in this session, in order
+
+    def __init__(self, target, name: str):
+        self._before = list(BackgroundThread._lane)
+        BackgroundThread._lane.append(self)
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self._ended = False
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=self._main, args=(target,), name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self, target) -> None:
+        for other in self._before:
+            other._thread.join()
+        try:
+            self._result = target(self)
+        except BaseException as e:  # noqa: BLE001  (raised again in the test that reads the result)
+            self._error = e
+
+    def popen(self, args: list[str], **kw) -> subprocess.Popen:
+        """``subprocess.Popen(args, **kw)``, its pid in BACKGROUND_PIDS until ``reaped(proc)``."""
+        with self._lock:
+            if self._ended:
+                raise RuntimeError("the session ended before this background process started")
+            proc = subprocess.Popen(args, **kw)
+            BACKGROUND_PIDS.add(proc.pid)
+            self._procs.add(proc)
+        return proc
+
+    def reaped(self, proc: subprocess.Popen) -> None:
+        """``proc`` has ended and been waited for: no longer in the background."""
+        with self._lock:
+            BACKGROUND_PIDS.discard(proc.pid)
+            self._procs.discard(proc)
+
+    def run(self, args: list[str], timeout: float, input: str | None = None, **kw) -> subprocess.CompletedProcess:
+        """What ``subprocess.run(args, capture_output=True, text=True, timeout=..., input=...)``
+        returns or raises, its process started with ``popen``."""
+        if input is not None:
+            kw["stdin"] = subprocess.PIPE
+        proc = self.popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        try:
+            try:
+                out, err = proc.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+        finally:
+            if proc.poll() is None:  # an error in this thread (end() kills it from another)
+                proc.kill()
+            proc.wait()
+            self.reaped(proc)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def end(self) -> None:
+        with self._lock:
+            self._ended = True
+            procs = list(self._procs)
+        for proc in procs:  # each with what it started (a killed driver's workers would stay)
+            try:
+                family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in family:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        self._thread.join(timeout=60)
 
 
 def live_children() -> list[psutil.Process]:

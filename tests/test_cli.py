@@ -125,10 +125,12 @@ _NEEDS = {"test_policy_from_a_saved_sb3_model": ("policy_ok", "policy_wrong"),
           "test_json_output_module_factory_shm_and_status_port": ("status_port",)}
 """The side runs a test reads besides ``tuned`` (which every test using that fixture reads)."""
 
-SLOTS = 4
+SLOTS = 2
 """Side runs at a time. Each is mostly one core's work (Python importing torch, then a
-serial-backend tune or less), so 4 at once keep both cores busy; one after another, as the
-tests of the runs besides the first four made them, one core idled (2026-11-27)."""
+serial-backend tune or less). They run in the background from the session's start (``early_run``),
+beside the modules before this one, which mostly keep one core busy: 2 at a time fill the
+other without crowding those modules' tests (4 at once kept both cores busy when the module
+waited for them, 2026-11-27)."""
 
 
 class SideRuns:
@@ -148,14 +150,9 @@ class SideRuns:
         return self.futures[name].result()[1]
 
 
-@pytest.fixture(scope="module")
-def side_runs(request, tmp_path_factory) -> SideRuns:
-    """The side runs the selected tests need, SLOTS at a time ("tuned" first, those of
-    AFTER_TUNED once it ended), all ended before any test reads its result: the per-test leak
-    check never sees one run's processes while another's test runs. On 2 cores the first four
-    together took ~10 s where one after another they took ~20 s (2026-11-26)."""
-    tmp = tmp_path_factory.mktemp("cli")
-    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+def _wanted(items) -> set[str]:
+    """The side runs the tests of this module among ``items`` need."""
+    items = [item for item in items if getattr(item, "module", None) is not None and item.module.__name__ == __name__]
     wanted = {"tuned"} if any("tuned" in item.fixturenames for item in items) else set()
     for item in items:
         wanted.update(_NEEDS.get(item.originalname, ()))
@@ -167,36 +164,74 @@ def side_runs(request, tmp_path_factory) -> SideRuns:
         wanted -= {"status_port"}
     if wanted & set(AFTER_TUNED):
         wanted.add("tuned")
+    return wanted
+
+
+def _start_side_runs(wanted: set[str], tmp: Path):
+    """The side runs ``wanted``, SLOTS at a time ("tuned" first, those of AFTER_TUNED once it
+    ended), in the background (conftest's BackgroundThread, whose ``result()`` is the
+    SideRuns once all ended). Their environments and working directory are fixed here, as
+    the session starts: the tests that run meanwhile may change this process's."""
+    from tests.conftest import BackgroundThread
+
     commands = {name: c for name, c in _side_commands(tmp).items() if name in wanted}
     if "policy_ok" in commands:
         from stable_baselines3 import PPO
 
         PPO("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, seed=0, device="cpu").save(
             tmp / "policy" / "ppo_cartpole.zip")
-    cached: list[Path] = []
-    with ThreadPoolExecutor(SLOTS) as pool:
-        futures = {}
-        for name, c in commands.items():  # "tuned" first: AFTER_TUNED wait for it
-            if name not in AFTER_TUNED:
-                futures[name] = pool.submit(_timed_run, *c)
-            if name == "tuned" and "status_port" in wanted:  # the longest after it: started next
-                futures["status_port"] = pool.submit(_status_port_run, tmp / "status_port")
-        if "status_port" in wanted and "status_port" not in futures:
-            futures["status_port"] = pool.submit(_status_port_run, tmp / "status_port")
-        later = [name for name in AFTER_TUNED if name in commands]
-        if later:
-            try:
-                futures["tuned"].result()
-            except Exception:  # noqa: BLE001  (raised again in each test that reads "tuned")
-                pass
-            cached = sorted((tmp / "cache").glob("*.json"))
-            futures.update({name: pool.submit(_timed_run, *commands[name]) for name in later})
-    return SideRuns(futures, tmp, cached)
+    cwd, status_env = os.getcwd(), cli_env(tmp / "status_port")
+
+    def run_all(bg) -> SideRuns:
+        cached: list[Path] = []
+        with ThreadPoolExecutor(SLOTS) as pool:
+            futures = {}
+            for name, (args, env, kw) in commands.items():  # "tuned" first: AFTER_TUNED wait for it
+                if name not in AFTER_TUNED:
+                    futures[name] = pool.submit(_timed_run, bg, args, dict(env), dict(kw, cwd=cwd))
+                if name == "tuned" and "status_port" in wanted:  # the longest after it: started next
+                    futures["status_port"] = pool.submit(_status_port_run, bg, tmp / "status_port", status_env)
+            if "status_port" in wanted and "status_port" not in futures:
+                futures["status_port"] = pool.submit(_status_port_run, bg, tmp / "status_port", status_env)
+            later = [name for name in AFTER_TUNED if name in commands]
+            if later:
+                try:
+                    futures["tuned"].result()
+                except Exception:  # noqa: BLE001  (raised again in each test that reads "tuned")
+                    pass
+                cached = sorted((tmp / "cache").glob("*.json"))
+                futures.update({name: pool.submit(_timed_run, bg, commands[name][0], dict(commands[name][1]),
+                                                  dict(commands[name][2], cwd=cwd)) for name in later})
+        return SideRuns(futures, tmp, cached)
+
+    return BackgroundThread(run_all, "test_cli side runs")
 
 
-def _timed_run(args: list[str], env: dict[str, str], kw: dict) -> tuple[subprocess.CompletedProcess, float]:
+def early_run(items, tmp_path_factory):
+    """Called by conftest's ``_start_early_runs`` as the session starts: the side runs of the
+    selected tests of this module (None if none needs one) go on beside the modules before
+    this one (mostly one core's in-process work) instead of making this module wait ~25 s
+    for them on 2 cores (2026-11-27)."""
+    wanted = _wanted(items)
+    return _start_side_runs(wanted, tmp_path_factory.mktemp("cli")) if wanted else None
+
+
+@pytest.fixture(scope="module")
+def side_runs(request, tmp_path_factory) -> SideRuns:
+    """The side runs the selected tests need (started with the session: ``early_run``), all
+    ended before any test reads its result: the per-test leak check never sees one run's
+    processes while another's test runs."""
+    from tests.conftest import EARLY_RUNS
+
+    runs = EARLY_RUNS.get(__name__)
+    if runs is None:  # a test not in _NEEDS asks for it: the runs its name does not list
+        runs = _start_side_runs(_wanted(request.session.items) | {"tuned"}, tmp_path_factory.mktemp("cli"))
+    return runs.result()
+
+
+def _timed_run(bg, args: list[str], env: dict[str, str], kw: dict) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False, **kw)
+    proc = bg.run(args, timeout=120, env=env, **kw)
     return proc, time.perf_counter() - t0
 
 
@@ -375,7 +410,7 @@ def test_a_second_run_says_it_reuses_the_cache_and_where_the_status_page_went(tu
         assert len(line) <= 80 or "/" in line, line  # only a path longer than the line may pass it
 
 
-def _status_port_run(tmp: Path) -> tuple[dict, float]:
+def _status_port_run(bg, tmp: Path, env: dict[str, str]) -> tuple[dict, float]:
     """A ``--json --status-port 0`` tune of a module:factory env on the shm backend, its status
     read over HTTP while it runs (a side run of its own, started beside the others): what was
     seen, for test_json_output_module_factory_shm_and_status_port to check, and the seconds.
@@ -389,12 +424,12 @@ def _status_port_run(tmp: Path) -> tuple[dict, float]:
     stdout = tmp / "stdout.json"
     seen: dict = {"lines": [], "url": None, "phases": set(), "status": None}
     with open(stdout, "w") as f:
-        proc = subprocess.Popen(
+        proc = bg.popen(
             [sys.executable, "-m", "auturi.cli", "tune", "my_envs:make", "--policy", "mlp", "--backend", "shm",
              "--start", "num_actors=2", "--budget-trials", "2", "--num-envs", "4", "--num-steps", "8",
              "--max-trial-seconds", "1", "--budget-seconds", "1",  # start and serial are measured whatever the budget
              "--no-cache", "--json", "--status-port", "0", "--status-linger", "30"],
-            stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp, env=cli_env(tmp))
+            stdout=f, stderr=subprocess.PIPE, text=True, cwd=tmp, env=env)
     lines = seen["lines"]
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
     reader.start()
@@ -425,7 +460,13 @@ def _status_port_run(tmp: Path) -> tuple[dict, float]:
         seen["record"] = stdout.read_text()
     finally:
         proc.terminate()  # ends the linger
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            bg.reaped(proc)
         reader.join(5)
     return seen, time.perf_counter() - t0
 

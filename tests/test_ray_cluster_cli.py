@@ -7,6 +7,7 @@ mode differs from the cluster's. (The error for an address nobody listens on, th
 with no cluster, is test_cli's test_worker_timeout_and_address_reach_the_executor.)"""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,11 +53,10 @@ class _RayStart:
     """One ``ray start --block`` process; a thread reads its output to the end (so the pipe
     never fills while the node runs), keeps the last lines and notes when STARTED shows."""
 
-    def __init__(self, *args: str):
+    def __init__(self, bg, environ: dict[str, str], *args: str):
         ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        self.proc = subprocess.Popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=_env(),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        self.proc = bg.popen([ray_bin, "start", "--block", "--disable-usage-stats", *args], env=environ,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.started = threading.Event()
         self.tail: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -75,22 +75,25 @@ class _RayStart:
             assert time.monotonic() < deadline, f"ray start had no node up within {START_SECONDS:.0f} s:\n{tail}"
 
 
-def _stop(node: _RayStart) -> None:
+def _stop(bg, node: _RayStart) -> None:
     """End one ``ray start --block`` and every process it started (by their ids)."""
     proc = node.proc
     try:
         family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
     except psutil.NoSuchProcess:
         family = [proc.pid]
-    proc.send_signal(signal.SIGTERM)  # ray start --block then stops its node's daemons
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    _, alive = psutil.wait_procs([p for p in map(_proc, family) if p is not None], timeout=10)
-    for p in alive:
-        p.kill()
+        proc.send_signal(signal.SIGTERM)  # ray start --block then stops its node's daemons
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        _, alive = psutil.wait_procs([p for p in map(_proc, family) if p is not None], timeout=10)
+        for p in alive:
+            p.kill()
+    finally:
+        bg.reaped(proc)
 
 
 def _proc(pid: int):
@@ -100,12 +103,13 @@ def _proc(pid: int):
         return None
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def _cluster(bg, environ: dict[str, str]):
+    """The two nodes, their processes started by ``bg``; yields the head's address."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # every daemon on loopback: the machine's other addresses may not route to itself
-    nodes = [_RayStart("--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+    nodes = [_RayStart(bg, environ, "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
                        '--resources={"node_a": 1}', "--include-dashboard=false")]
     try:
         deadline = time.monotonic() + START_SECONDS
@@ -117,7 +121,7 @@ def cluster():
                 assert nodes[0].proc.poll() is None, "ray start --head exited:\n" + "\n".join(nodes[0].tail)
                 assert time.monotonic() < deadline, f"no Ray head at {address} within {START_SECONDS:.0f} s"
                 time.sleep(0.5)
-        nodes.append(_RayStart(f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+        nodes.append(_RayStart(bg, environ, f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
                                '--resources={"node_b": 1}'))
         # Both nodes registered (each `ray start` says so), as the drivers expect: the PPO's two
         # actors spread over both, beside the tune's. (A driver process polling ray.nodes() was
@@ -127,7 +131,7 @@ def cluster():
         yield address
     finally:
         for node in reversed(nodes):
-            _stop(node)
+            _stop(bg, node)
 
 
 def _tune_command(address: str, budget: list[str]) -> list[str]:
@@ -174,30 +178,79 @@ def _commands(address: str) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
 
 
+def _start_on_cluster(names: set[str]):
+    """The cluster and, on it, the driver processes of the tests ``names``, all started at
+    once and all ended (the cluster too) before any test reads its result (the per-test leak
+    check then never sees one driver's processes while another's test runs), in the
+    background (conftest's BackgroundThread; its ``result()``: ``(address, {name:
+    CompletedProcess})``). One after another they took ~40 s of the module's ~65 s on 2 cores
+    (2026-11-26), mostly each process importing Ray and torch and its Ray actors starting,
+    which overlap. They fit the cluster together: the tune's actors take at most 2 of its 4
+    CPUs at a time (a 2-actor or a 1-actor layout), the PPO's 2 (one actor per node, as its
+    test checks), and the token-mode driver's actors are refused before they hold any. Every
+    environment is this process's as the session starts (the tests that run meanwhile may
+    change it: a local Ray instance puts RAY_AUTH_MODE into it, see ``_env``)."""
+    from tests.conftest import BackgroundThread
+
+    base = _env()
+
+    def run_all(bg):
+        with _cluster(bg, base) as address:
+            commands = {name: c for name, c in _commands(address).items() if name in names}
+            procs = {}
+            try:
+                for name, (args, extra) in commands.items():
+                    procs[name] = bg.popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           env={**base, **extra})
+                done = {}
+                for name, p in procs.items():
+                    out, err = p.communicate(timeout=RUN_SECONDS)
+                    done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+                return address, done
+            finally:
+                for p in procs.values():  # on a timeout or an error: none left running
+                    if p.poll() is None:
+                        p.kill()
+                        p.communicate()
+                    p.wait()
+                    bg.reaped(p)
+
+    return BackgroundThread(run_all, "test_ray_cluster_cli drivers")
+
+
+def _selected(items) -> set[str]:
+    return {item.originalname for item in items
+            if getattr(item, "module", None) is not None and item.module.__name__ == __name__}
+
+
+def early_run(items, tmp_path_factory):
+    """Called by conftest's ``_start_early_runs`` as the session starts: the cluster and the
+    selected tests' drivers run in the background (after the background runs of the modules
+    before this one), beside the modules before this one, which mostly keep one core busy,
+    instead of making this module wait ~32 s for them on 2 cores (2026-11-27)."""
+    names = _selected(items)
+    return _start_on_cluster(names) if names else None
+
+
 @pytest.fixture(scope="module")
-def on_cluster(request, cluster) -> dict[str, subprocess.CompletedProcess]:
-    """The selected tests' driver processes, all started at once and all ended before any
-    test reads its result (the per-test leak check then never sees one driver's processes
-    while another's test runs). One after another they took ~40 s of the module's ~65 s on
-    2 cores (2026-11-26), mostly each process importing Ray and torch and its Ray actors
-    starting, which overlap. They fit the cluster together: the tune's actors take at most
-    2 of its 4 CPUs at a time (a 2-actor or a 1-actor layout), the PPO's 2 (one actor per node,
-    as its test checks), and the token-mode driver's actors are refused before they hold any."""
-    mine = {item.originalname for item in request.session.items if getattr(item, "module", None) is request.module}
-    commands = {name: c for name, c in _commands(cluster).items() if name in mine}
-    procs = {name: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=_env(**extra)) for name, (args, extra) in commands.items()}
-    try:
-        done = {}
-        for name, p in procs.items():
-            out, err = p.communicate(timeout=RUN_SECONDS)
-            done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
-        return done
-    finally:
-        for p in procs.values():  # on a timeout or an error: none left running
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+def cluster_runs(request) -> tuple[str, dict[str, subprocess.CompletedProcess]]:
+    """``(the head's address, {test name: its driver's CompletedProcess})`` (started with the
+    session: ``early_run``); the cluster has been torn down."""
+    from tests.conftest import EARLY_RUNS
+
+    runs = EARLY_RUNS.get(__name__) or _start_on_cluster(_selected(request.session.items))
+    return runs.result()
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_runs) -> str:
+    """The address the cluster had."""
+    return cluster_runs[0]
+
+
+@pytest.fixture(scope="module")
+def on_cluster(cluster_runs) -> dict[str, subprocess.CompletedProcess]:
+    return cluster_runs[1]
 
 
 def test_cli_tune_on_the_cluster_prints_where_each_actor_ran(on_cluster):

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCKS = re.findall(r"```python\n(.*?)```", open(os.path.join(ROOT, "README.md")).read(), re.S)
 TIMEOUT = 300  # seconds for each example
-SLOTS = 2  # examples run at a time: the 2 cores this suite is sized for
+SLOTS = 1  # examples run at a time, in the background beside other modules' tests (one core's work each)
 
 
 def cache_dir(index: int, tmp: Path) -> Path:
@@ -22,41 +22,84 @@ def cache_dir(index: int, tmp: Path) -> Path:
     return tmp / f"cache{index}"
 
 
-def run_example(index: int, tmp: Path) -> subprocess.CompletedProcess | None:
-    """Example ``index`` as a script in a fresh process; None when it ran past TIMEOUT (it
-    is then killed)."""
+def _start_examples(indices, tmp: Path):
+    """Examples ``indices``, SLOTS at a time, the two longest first (RLlib's, mostly Ray
+    starting its processes, and the ``auturi.tune`` one, whose 10-second budget it spends
+    measuring: ~15 s each alone), then the others (~6-9 s each), in the background
+    (conftest's BackgroundThread; its ``result()``: ``{index: result of run_example}``). Each
+    one's environment is this process's as the session starts (the tests that run meanwhile
+    may change it)."""
+    from tests.conftest import BackgroundThread
+
+    wanted = sorted(set(indices), key=lambda i: ("ray.init(" not in BLOCKS[i], "auturi.tune(" not in BLOCKS[i],
+                                                 ".learn(" not in BLOCKS[i], i))
+    environ = dict(os.environ)
+
+    def run_all(bg):
+        with ThreadPoolExecutor(SLOTS) as pool:
+            futures = {i: pool.submit(run_example, environ, i, tmp, bg) for i in wanted}
+        return {i: f.result() for i, f in futures.items()}
+
+    return BackgroundThread(run_all, "test_readme examples")
+
+
+def run_example(environ: dict, index: int, tmp: Path, bg) -> subprocess.CompletedProcess | None:
+    """Example ``index`` as a script in a fresh process (started by ``bg``, conftest's
+    BackgroundThread) with the environment ``environ``; None when it ran past TIMEOUT (it is
+    then killed)."""
     script = tmp / f"example{index}.py"
     script.write_text(BLOCKS[index])
-    env = dict(os.environ, AUTURI_CACHE_DIR=str(cache_dir(index, tmp)))  # AUTURI_CACHE_DIR wins over XDG and ~
+    env = dict(environ, AUTURI_CACHE_DIR=str(cache_dir(index, tmp)))  # AUTURI_CACHE_DIR wins over XDG and ~
     try:
-        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=TIMEOUT,
-                              cwd=ROOT, env=env)
+        return bg.run([sys.executable, str(script)], timeout=TIMEOUT, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
         return None
 
 
+def _selected(items) -> list[int]:
+    return [item.callspec.params["index"] for item in items
+            if getattr(item, "module", None) is not None and item.module.__name__ == __name__
+            and hasattr(item, "callspec")]
+
+
+def early_run(items, tmp_path_factory):
+    """Called by conftest's ``_start_early_runs`` as the session starts: the selected examples
+    (None if none) run in the background, after the background runs of the modules before
+    this one (test_cli's), beside the modules before this one, which mostly keep one core
+    busy, instead of making this module wait ~26 s for them on 2 cores (2026-11-27)."""
+    indices = _selected(items)
+    if not indices:
+        return None
+    tmp = tmp_path_factory.mktemp("readme")
+    return _Examples(_start_examples(indices, tmp), tmp)
+
+
+class _Examples:
+    """An early run's handle: the examples' BackgroundThread and their temporary folder."""
+
+    def __init__(self, runs, tmp: Path):
+        self.runs, self.tmp = runs, tmp
+
+    def end(self) -> None:
+        self.runs.end()
+
+
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory):
-    """``({index: result of run_example}, the temporary folder)`` for the selected examples.
-    They are independent, so they run two at a time, the two longest first (RLlib's, mostly Ray
-    starting its processes, and the ``auturi.tune`` one, whose 10-second budget it spends
-    measuring: ~15 s each alone), then the others beside them (~6-9 s each): ~26 s in all on 2
-    cores against ~32 s when the tune example ran last (measured 2026-11-26; 3 or 4 at a time
-    measured no faster, the examples then share the cores). All have ended before any test
-    reads its result: the per-test leak check never sees one example's workers while another's
-    test runs."""
-    mine = [item for item in request.session.items
-            if getattr(item, "module", None) is request.module and hasattr(item, "callspec")]
-    wanted = sorted({item.callspec.params["index"] for item in mine},  # those selected (-k, a test id) only
-                    key=lambda i: ("ray.init(" not in BLOCKS[i], "auturi.tune(" not in BLOCKS[i],
-                                   ".learn(" not in BLOCKS[i], i))
-    tmp = tmp_path_factory.mktemp("readme")
-    with ThreadPoolExecutor(SLOTS) as pool:
-        futures = {i: pool.submit(run_example, i, tmp) for i in wanted}
-    return {i: f.result() for i, f in futures.items()}, tmp
+    """``({index: result of run_example}, the temporary folder)`` for the selected examples
+    (started with the session: ``early_run``). All have ended before any test reads its
+    result: the per-test leak check never sees one example's workers while another's test
+    runs."""
+    from tests.conftest import EARLY_RUNS
+
+    early = EARLY_RUNS.get(__name__)
+    if early is None:
+        tmp = tmp_path_factory.mktemp("readme")
+        early = _Examples(_start_examples(_selected(request.session.items), tmp), tmp)
+    return early.runs.result(), early.tmp
 
 
-@pytest.mark.timeout(2 * TIMEOUT)  # the first one's setup runs every example, two at a time
+@pytest.mark.timeout(2 * TIMEOUT)  # the first one's setup waits for every example (run one at a time)
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_readme_example_runs(runs, index):
     out = runs[0][index]
