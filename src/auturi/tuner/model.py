@@ -75,6 +75,7 @@ Example:
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import statistics
@@ -321,7 +322,9 @@ def _loaded(prof: Profile, load: float) -> Profile:
     te, frac = prof.env_step_seconds, min(1.0, max(0.0, prof.env_cpu_fraction))
     cpu = te * frac * (1.0 + (f - 1.0) * min(1.0, load))
     wall = te * (1.0 - frac) + cpu
-    return replace(prof, env_step_seconds=wall, env_cpu_fraction=cpu / wall if wall > 0 else frac)
+    out = copy.copy(prof)  # not dataclasses.replace: called once per prediction, its __init__ was a sixth of a refit
+    out.env_step_seconds, out.env_cpu_fraction = wall, cpu / wall if wall > 0 else frac
+    return out
 
 
 def _step_cpu(prof: Profile) -> float:

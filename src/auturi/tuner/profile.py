@@ -37,6 +37,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -218,7 +219,7 @@ class Profile:
             table = self.policy_seconds
             if dev not in table:
                 dev = next(iter(table))
-        pts = sorted((int(b), float(s)) for b, s in table[dev].items())
+        pts = _points(tuple(table[dev].items()))
         if not pts:
             return 0.0
         return _interp(pts, batch)
@@ -255,6 +256,14 @@ def _device_key(table: dict, device: str) -> str | None:
         if k.split(":")[0] == base:
             return k
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _points(items: tuple) -> list[tuple[int, float]]:
+    """A latency table's (batch, seconds) points in batch order; cached by the table's
+    contents, because the model's fit asks for the same few tables tens of thousands of
+    times (sorting them anew was a quarter of a refit's time). Callers only read it."""
+    return sorted((int(b), float(s)) for b, s in items)
 
 
 def _interp(pts: list[tuple[int, float]], x: int) -> float:
