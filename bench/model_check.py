@@ -14,10 +14,15 @@ measured steps/s for CUDA layouts, on
   ranks with before any measurement), with the loop it ran and its actors' blocked share;
 - ``computing`` (``--computing [ENV_ID]``, default ALE/Pong-v5, 8 envs): envs that compute on
   this machine's own cores, the policy on an emulated device, profiled as ``auturi tune``
-  profiles (:func:`computing`); about a minute on 2 cores.
+  profiles (:func:`computing`); about a minute on 2 cores;
+- ``cpu_policy`` (``--cpu-policy [ENV_ID]``, default ALE/Pong-v5, 8 envs): the same envs with the
+  Nature CNN on this machine's CPU, in one-actor and several-actor layouts (whose replicas
+  run at fewer torch threads than the caller the profile timed in), each against the
+  profile-only prediction (:func:`cpu_policy`).
 
 Run: python -m bench.model_check [--skip-emulated] [--profiles pong-like straggler] [--rounds 3]
-     [--computing [ENV_ID]] [--computing-envs 8] [--out bench/results/model_check.json]
+     [--computing [ENV_ID]] [--computing-envs 8] [--cpu-policy [ENV_ID]]
+     [--out bench/results/model_check.json]
      python -m bench.model_check --recheck bench/results/model_check.json --out /tmp/recheck.json
 A run of the emulated part takes about 2-3 minutes on 2 cores (10 layouts, two profiles;
 2m13s on 2026-11-26 at load 3-6); ``--recheck`` runs nothing: it redoes the predictions of a
@@ -228,6 +233,54 @@ def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects:
             "profile_dict": prof.to_dict(), "load": os.getloadavg(), "rows": rows}
 
 
+def cpu_policy(env_id: str, num_envs: int, num_steps: int, rounds: int, collects: int) -> dict:
+    """``env_id``'s envs (an ALE id with the Atari preprocessing) with the Nature CNN on the
+    CPU: the tuner's own profile (a serial executor, ``profile_executor``), then one-actor and
+    several-actor layouts measured in interleaved rounds, each against the profile-only
+    prediction. The profile times the policy at the caller's best thread count; a several-actor
+    layout's replicas run at the cores left over, shared (``policy_threads``)."""
+    import auturi
+    from auturi import Config
+    from auturi.envs import find_env_id, resolve_env_fns
+    from auturi.envs.atari import AtariPreprocessed, is_ale_id
+    from auturi.nets import NatureCNNActorCritic
+    from auturi.policy import TorchPolicy
+    from auturi.resources import usable_cores
+    from auturi.tuner.profile import predict, profile_executor
+    from bench.peers import AuturiRunner
+
+    n, cores = num_envs, usable_cores()
+    full_id, _ = find_env_id(env_id)
+    env = AtariPreprocessed(full_id) if is_ale_id(full_id) else resolve_env_fns(env_id, 1)[0]
+    probe = env()
+    space, channels = probe.action_space, probe.observation_space.shape[0]
+    probe.close()
+
+    def policy() -> Any:
+        return TorchPolicy(lambda: NatureCNNActorCritic(channels, int(space.n)), space)
+
+    with auturi.make_executor(env, policy(), num_envs=n, config=Config.serial(n), backend="shm") as ex:
+        ex.collect(num_steps)
+        prof = profile_executor(ex, devices=["cpu"], num_steps=num_steps)
+    shapes = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (n, 1)]
+    layouts = {f"{a}x{n // a}_d{d}": Config(a, n // a, d, 1, "cpu", n // a) for a, d in shapes
+               if n % a == 0 and (n // a) % d == 0}
+    runners: dict[str, Any] = {}
+    try:
+        for name, cfg in layouts.items():
+            runners[name] = AuturiRunner(env, policy(), n, cfg, warmup_steps=num_steps)
+        samples = interleave(runners, rounds, lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
+                             progress=lambda s: print(f"cpu policy: {s}", flush=True))
+    finally:
+        for r in runners.values():
+            r.close()
+    rows = [{"name": name, "config": str(cfg), "config_dict": cfg.to_dict(), "measured": summarize(samples[name])["median"],
+             "samples": samples[name], "predicted": predict(cfg, prof)}
+            for name, cfg in layouts.items()]
+    return {"env": env_id, "num_envs": n, "cores": cores, "profile_dict": prof.to_dict(), "load": os.getloadavg(),
+            "rows": rows}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", default=RECORD)
@@ -241,6 +294,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--computing", metavar="ENV_ID", nargs="?", const="ALE/Pong-v5", default=None,
                     help="also the computing part: ENV_ID's envs (default ALE/Pong-v5) on this machine's cores")
     ap.add_argument("--computing-envs", type=int, default=8)
+    ap.add_argument("--cpu-policy", metavar="ENV_ID", nargs="?", const="ALE/Pong-v5", default=None,
+                    help="also the CPU-policy part: ENV_ID's envs with the Nature CNN on the CPU")
     ap.add_argument("--out", default="bench/results/model_check.json")
     ap.add_argument("--recheck", metavar="JSON", help="run nothing: predict the emulated rows of an earlier "
                     "run's record (its saved profiles and configs) with the model as it is now, and the real record")
@@ -260,6 +315,8 @@ def main(argv=None) -> dict:
                            for p in args.profiles]
     if args.computing:
         out["computing"] = computing(args.computing, args.computing_envs, args.num_steps, args.rounds, args.collects)
+    if args.cpu_policy:
+        out["cpu_policy"] = cpu_policy(args.cpu_policy, args.computing_envs, args.num_steps, args.rounds, args.collects)
     out["seconds"] = time.perf_counter() - t0
     return save_and_print(out, args.out, markdown)
 
@@ -337,6 +394,16 @@ def markdown(out: dict) -> str:
         for r in c["rows"]:
             lines.append(f"| {r['config'].replace('|', '/')} | {r['loop']} | {r['measured']:,.0f} | "
                          f"{r['of_envs_only']:.0%} | {_err(r['predicted'], r['measured'])} |")
+        lines.append("")
+    c = out.get("cpu_policy")
+    if c:
+        load = " (load average {:.1f} / {:.1f} / {:.1f} at its end)".format(*c["load"])
+        lines += [f"CPU policy, {c['env']} x {c['num_envs']} on {c['cores']} cores, Nature CNN on the CPU: "
+                  f"profile-only prediction vs measured{load}", "",
+                  "| layout | measured | predicted (error) |", "|---|---:|---:|"]
+        for r in c["rows"]:
+            lines.append(f"| {r['config'].replace('|', '/')} | {r['measured']:,.0f} | "
+                         f"{_err(r['predicted'], r['measured'])} |")
         lines.append("")
     return "\n".join(lines)
 
