@@ -172,6 +172,26 @@ def computing_layouts(n: int, cores: int) -> dict[str, Any]:
     return out
 
 
+def _measure_layouts(env: Any, policy: Any, n: int, layouts: dict[str, Any], num_steps: int, rounds: int,
+                     collects: int, label: str, first: dict[str, Any] | None = None) -> dict[str, list[float]]:
+    """Samples (steps/s) of each layout (an Auturi ``shm`` executor with ``policy()``) and of
+    the runners ``first`` makes, in ``rounds`` interleaved rounds of ``collects`` collects;
+    every runner is closed after, on every path."""
+    from bench.peers import AuturiRunner
+
+    runners: dict[str, Any] = {}
+    try:
+        for name, make in (first or {}).items():
+            runners[name] = make()
+        for name, cfg in layouts.items():
+            runners[name] = AuturiRunner(env, policy(), n, cfg, warmup_steps=num_steps)
+        return interleave(runners, rounds, lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
+                          progress=lambda s: print(f"{label}: {s}", flush=True))
+    finally:
+        for r in runners.values():
+            r.close()
+
+
 def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects: int) -> dict:
     """The regime of the GPU box's record where the envs compute: ``env_id`` made as
     ``auturi tune`` makes it (an ALE id with the Atari preprocessing) stepping on this
@@ -189,7 +209,6 @@ def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects:
     from auturi.testing.emulated_gpu import EmulatedDevicePolicy, emulated_gpu
     from auturi.tuner.profile import predict, profile_executor
     from bench.emulated_gpu import FreeEnvs, loop_of
-    from bench.peers import AuturiRunner
 
     n, cores = num_envs, usable_cores()
     full_id, _ = find_env_id(env_id)  # imports ale_py for ALE ids
@@ -210,16 +229,8 @@ def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects:
             # as ``auturi tune`` profiles: the env also stepped on every core at once
             prof = profile_executor(ex, devices=["cuda"], num_steps=num_steps, loaded=True)
         procs = max(d for d in range(1, min(n, cores) + 1) if n % d == 0)
-        runners: dict[str, Any] = {}
-        try:
-            runners["envs_only"] = FreeEnvs(env, n, procs)
-            for name, cfg in layouts.items():
-                runners[name] = AuturiRunner(env, policy(), n, cfg, warmup_steps=num_steps)
-            samples = interleave(runners, rounds, lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
-                                 progress=lambda s: print(f"computing: {s}", flush=True))
-        finally:
-            for r in runners.values():
-                r.close()
+        samples = _measure_layouts(env, policy, n, layouts, num_steps, rounds, collects, "computing",
+                                   first={"envs_only": lambda: FreeEnvs(env, n, procs)})
     ceiling = summarize(samples["envs_only"])["median"]
     rows = []
     for name, cfg in layouts.items():
@@ -247,7 +258,6 @@ def cpu_policy(env_id: str, num_envs: int, num_steps: int, rounds: int, collects
     from auturi.policy import TorchPolicy
     from auturi.resources import usable_cores
     from auturi.tuner.profile import predict, profile_executor
-    from bench.peers import AuturiRunner
 
     n, cores = num_envs, usable_cores()
     full_id, _ = find_env_id(env_id)
@@ -265,15 +275,7 @@ def cpu_policy(env_id: str, num_envs: int, num_steps: int, rounds: int, collects
     shapes = [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (n, 1)]
     layouts = {f"{a}x{n // a}_d{d}": Config(a, n // a, d, 1, "cpu", n // a) for a, d in shapes
                if n % a == 0 and (n // a) % d == 0}
-    runners: dict[str, Any] = {}
-    try:
-        for name, cfg in layouts.items():
-            runners[name] = AuturiRunner(env, policy(), n, cfg, warmup_steps=num_steps)
-        samples = interleave(runners, rounds, lambda _n, r: sum(r.run(num_steps) for _ in range(collects)) / collects,
-                             progress=lambda s: print(f"cpu policy: {s}", flush=True))
-    finally:
-        for r in runners.values():
-            r.close()
+    samples = _measure_layouts(env, policy, n, layouts, num_steps, rounds, collects, "cpu policy")
     rows = [{"name": name, "config": str(cfg), "config_dict": cfg.to_dict(), "measured": summarize(samples[name])["median"],
              "samples": samples[name], "predicted": predict(cfg, prof)}
             for name, cfg in layouts.items()]
