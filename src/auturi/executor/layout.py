@@ -301,12 +301,14 @@ def lane_cores(actors: int, degree: int, n: int) -> list[list[int]]:
         first = min(range(n), key=lambda i: (lanes[i], hosts[i], i))
         lanes[first] += 1
         hosts[first] += 1
-        mine = [first]
+        mine, used = [first], {first}
         for _w in range(1, degree):
-            pool = [i for i in range(n) if i not in mine] or range(n)
-            core = min(pool, key=lambda i: (lanes[i], (i - first) % n))
+            if len(used) == n:  # every core has one of this actor's lanes: start another round
+                used = set()
+            core = min((i for i in range(n) if i not in used), key=lambda i: (lanes[i], (i - first) % n))
             lanes[core] += 1
             mine.append(core)
+            used.add(core)
         out.append(mine)
     return out
 
