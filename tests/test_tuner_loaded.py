@@ -24,7 +24,11 @@ def test_copies_step_at_once_and_every_one_ends():
     t = time_env_loaded(COMPUTES, processes=2, seconds=0.3, warmup=0.05)
     assert t is not None and t.processes == 2
     assert t.step_seconds >= 5e-5  # each step spins at least its 50 us
-    assert t.steps_per_second == pytest.approx(sum([1.0 / t.step_seconds] * 2), rel=0.5)
+    # Together the copies step at least as fast as two of the mean step (the mean of their
+    # rates is never below the rate of their mean step), and no copy beats its 50 us spin. Not a
+    # ratio to the mean step: the copies' rates differ when one is preempted on busy cores, and
+    # that check (within 50%) failed under load on 2026-11-27.
+    assert 2.0 / t.step_seconds * (1 - 1e-9) <= t.steps_per_second <= 2.0 / 5e-5
     assert t.cpu_fraction > 0.5  # the copies computed
     assert _our_children() <= before
 
