@@ -358,7 +358,7 @@ def _shm_plan(config: Config, cores: tuple[int, ...], count: int | None = None) 
     spread = [[cores[i] for i in lanes]
               for lanes in lane_cores(config.num_actors, config.env_parallel_degree, len(cores))]
     if config.num_actors == 1:
-        main = _host("main", MAIN, config, 0, None, (cores[0],) if config.env_parallel_degree > 1 else ())
+        main = _host("main", MAIN, config, 0, None, (spread[0][0],) if config.env_parallel_degree > 1 else ())
         return LayoutPlan(config, "shm", cores, main, (_actor_plan(config, 0, main, spread[0], threads, "actor 0"),))
     actors = []
     for a in range(config.num_actors):
@@ -378,12 +378,12 @@ def _ray_plan(config: Config, cores: Cores) -> LayoutPlan:
     for a in range(config.num_actors):
         own = _actor_cores(cores, a)
         ids = config.actor_env_ids(a)
-        # The Ray actor's process is its one-actor executor's main: pinned to its first core
-        # when it has env workers, its threads left alone; its env worker w on its core w.
-        pin = None if own is None else ((own[0],) if config.env_parallel_degree > 1 else ())
+        # The Ray actor's process is its one-actor executor's main: pinned to its lane 0's core
+        # when it has env workers, its threads left alone; its env workers on the next cores.
+        lanes = None if own is None else [own[i] for i in lane_cores(1, config.env_parallel_degree, len(own))[0]]
+        pin = None if lanes is None else ((lanes[0],) if config.env_parallel_degree > 1 else ())
         host = _host("actor", f"ray actor {a} (envs {ids[0]}-{ids[-1]})", on_node, a, None, pin)
         threads = policy_threads(node, None if own is None else len(own))
-        lanes = None if own is None else [own[i] for i in lane_cores(1, config.env_parallel_degree, len(own))[0]]
         plan = _actor_plan(on_node, a, host, lanes, threads, f"ray actor {a}")
         actors.append(replace(plan, ray=placement))
     return LayoutPlan(config, "ray", (), ProcessPlan("main", MAIN, None), tuple(actors))

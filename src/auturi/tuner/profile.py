@@ -259,14 +259,14 @@ def _device_key(table: dict, device: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _points(items: tuple) -> list[tuple[int, float]]:
+def _points(items: tuple) -> tuple[tuple[int, float], ...]:
     """A latency table's (batch, seconds) points in batch order; cached by the table's
     contents, because the model's fit asks for the same few tables tens of thousands of
-    times (sorting them anew was a quarter of a refit's time). Callers only read it."""
-    return sorted((int(b), float(s)) for b, s in items)
+    times (sorting them anew was a quarter of a refit's time). A tuple: every caller shares it."""
+    return tuple(sorted((int(b), float(s)) for b, s in items))
 
 
-def _interp(pts: list[tuple[int, float]], x: int) -> float:
+def _interp(pts: Sequence[tuple[int, float]], x: int) -> float:
     if len(pts) == 1:
         b, s = pts[0]
         return s * max(1.0, x / b) if x > b else s
