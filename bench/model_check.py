@@ -172,6 +172,21 @@ def computing_layouts(n: int, cores: int) -> dict[str, Any]:
     return out
 
 
+def _computing_env(env_id: str) -> tuple[Any, Any, tuple[int, ...]]:
+    """``env_id``'s env factory as ``auturi tune`` makes it (an ALE id with the Atari
+    preprocessing), its action space and its observation shape (one env made and closed)."""
+    from auturi.envs import find_env_id, resolve_env_fns
+    from auturi.envs.atari import AtariPreprocessed, is_ale_id
+
+    full_id, _ = find_env_id(env_id)  # imports ale_py for ALE ids
+    env = AtariPreprocessed(full_id) if is_ale_id(full_id) else resolve_env_fns(env_id, 1)[0]
+    probe = env()
+    try:
+        return env, probe.action_space, tuple(probe.observation_space.shape)
+    finally:
+        probe.close()
+
+
 def _measure_layouts(env: Any, policy: Any, n: int, layouts: dict[str, Any], num_steps: int, rounds: int,
                      collects: int, label: str, first: dict[str, Any] | None = None) -> dict[str, list[float]]:
     """Samples (steps/s) of each layout (an Auturi ``shm`` executor with ``policy()``) and of
@@ -203,19 +218,14 @@ def computing(env_id: str, num_envs: int, num_steps: int, rounds: int, collects:
     measured in interleaved rounds against the profile-only prediction."""
     import auturi
     from auturi import Config
-    from auturi.envs import find_env_id, resolve_env_fns
-    from auturi.envs.atari import AtariPreprocessed, is_ale_id
     from auturi.resources import usable_cores
     from auturi.testing.emulated_gpu import EmulatedDevicePolicy, emulated_gpu
     from auturi.tuner.profile import predict, profile_executor
     from bench.emulated_gpu import FreeEnvs, loop_of
 
     n, cores = num_envs, usable_cores()
-    full_id, _ = find_env_id(env_id)  # imports ale_py for ALE ids
-    env = AtariPreprocessed(full_id) if is_ale_id(full_id) else resolve_env_fns(env_id, 1)[0]
-    probe = env()
-    num_actions = int(probe.action_space.n)
-    probe.close()
+    env, space, _ = _computing_env(env_id)
+    num_actions = int(space.n)
 
     def policy() -> EmulatedDevicePolicy:
         p = EmulatedDevicePolicy(num_actions, context_seconds=0.0)
@@ -252,19 +262,14 @@ def cpu_policy(env_id: str, num_envs: int, num_steps: int, rounds: int, collects
     layout's replicas run at the cores left over, shared (``policy_threads``)."""
     import auturi
     from auturi import Config
-    from auturi.envs import find_env_id, resolve_env_fns
-    from auturi.envs.atari import AtariPreprocessed, is_ale_id
     from auturi.nets import NatureCNNActorCritic
     from auturi.policy import TorchPolicy
     from auturi.resources import usable_cores
     from auturi.tuner.profile import predict, profile_executor
 
     n, cores = num_envs, usable_cores()
-    full_id, _ = find_env_id(env_id)
-    env = AtariPreprocessed(full_id) if is_ale_id(full_id) else resolve_env_fns(env_id, 1)[0]
-    probe = env()
-    space, channels = probe.action_space, probe.observation_space.shape[0]
-    probe.close()
+    env, space, obs_shape = _computing_env(env_id)
+    channels = obs_shape[0]
 
     def policy() -> Any:
         return TorchPolicy(lambda: NatureCNNActorCritic(channels, int(space.n)), space)
