@@ -3,6 +3,7 @@ polls, then block: between collects waiting costs no CPU. Replicas start with wh
 preloaded."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -92,3 +93,25 @@ def test_policy_preload_modules_are_imported_before_replicas_start():
     with make_executor(CountingEnv, PreloadProbe(), num_envs=4, config=cfg, backend="shm") as ex:
         r = ex.collect(3)
     assert r.extras["preloaded"].all()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+@pytest.mark.parametrize("cfg", [Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2),
+                                 Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2, policies_per_actor=2,
+                                        policy_batch_size=2)], ids=str)
+def test_every_process_runs_on_the_cores_its_plan_names(cfg):
+    """The layout plan's pins are what each started process runs under (its lane's core, and
+    for an actor running its own CPU policy the free cores its threads use); a process the
+    plan leaves unpinned keeps the caller's cores."""
+    from auturi.executor.layout import plan_layout
+
+    mine = os.sched_getaffinity(0)
+    with make_executor(CountingEnv, ConstantPolicy(gym.spaces.Discrete(3)), num_envs=8, config=cfg,
+                       backend="shm") as ex:
+        ex.collect(2)
+        plan = {p.name: p for p in plan_layout(cfg).processes}
+        slots = ex._slots
+        assert sorted(s.name for s in slots) == sorted(plan)
+        for s in slots:
+            want = set(plan[s.name].cpus) or mine
+            assert os.sched_getaffinity(s.proc.pid) == want, s.name

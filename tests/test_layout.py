@@ -64,7 +64,7 @@ def _check_spread(p, cfg: Config, cores: list[int]) -> None:
     lanes = []
     for a, host in enumerate(hosts):
         workers = [q for q in p.processes if q.kind == "env" and q.actor == a]
-        mine = [host.cpus] + [q.cpus for q in workers] if D > 1 or A > 1 else []
+        mine = [host.cpus[:1]] + [q.cpus for q in workers] if D > 1 or A > 1 else []
         assert all(len(c) == 1 and c[0] in cores for c in mine)
         if D <= n:
             assert len({c[0] for c in mine}) == len(mine)
@@ -73,8 +73,26 @@ def _check_spread(p, cfg: Config, cores: list[int]) -> None:
         per_core = [lanes.count(c) for c in cores]
         assert max(per_core) - min(per_core) <= 1
     if 1 < A <= n:
-        assert len({q.cpus for q in hosts}) == A
+        assert len({q.cpus[0] for q in hosts}) == A
+    _check_policy_cores(hosts if A > 1 else [], cfg, cores, set(lanes))
     assert all(q.cpus == () for q in p.processes if q.kind == "policy")
+
+
+def _check_policy_cores(hosts, cfg: Config, cores: list[int], lanes: set[int]) -> None:
+    """An actor process running its own CPU policy is pinned to its lane's core and an equal
+    run of the cores no lane holds, none shared with another actor, as many cores as the
+    torch threads planned where there are enough free cores; any other actor process to its
+    lane's core alone."""
+    extras = [h.cpus[1:] for h in hosts]
+    if cfg.policy_device != "cpu" or cfg.policies_per_actor > 1:
+        assert all(e == () for e in extras)
+        return
+    free = [c for c in cores if c not in lanes]
+    flat = [c for e in extras for c in e]
+    assert len(set(flat)) == len(flat) and set(flat) <= set(free)
+    assert {len(e) for e in extras} <= {len(free) // cfg.num_actors}
+    if hosts and cfg.num_actors <= len(cores):  # one lane core each: threads fill the cores pinned
+        assert all(len(h.cpus) == h.threads or len(free) == 0 for h in hosts), [(h.cpus, h.threads) for h in hosts]
 
 
 def _shm_threads(cfg: Config, n: int) -> int:
@@ -226,6 +244,23 @@ def test_hand_worked_threads_and_lockstep():
     # more env workers than cores wrap around
     p = plan_layout(Config(envs_per_actor=4, env_parallel_degree=4), cores=[0, 1])
     assert [q.cpus for q in p.processes] == [(1,), (0,), (1,)]
+
+
+def test_an_actor_running_its_cpu_policy_has_cores_for_its_threads():
+    # Pinned to its lane's core alone, an actor's 8 planned threads shared one core and its
+    # thread rule (1 against the cores it may use) kept 1.
+    p = plan_layout(Config(num_actors=2, envs_per_actor=32, policy_batch_size=32), cores=range(16))
+    assert [(q.cpus, q.threads) for q in p.processes] == [((0, 2, 3, 4, 5, 6, 7, 8), 8),
+                                                          ((1, 9, 10, 11, 12, 13, 14, 15), 8)]
+    # 2 x 4 lanes on 8 of 16 cores: 5 threads each, the lane's core and 4 free ones
+    p = plan_layout(Config(num_actors=2, envs_per_actor=8, env_parallel_degree=4), cores=range(16))
+    assert [(q.cpus, q.threads) for q in p.processes if q.kind == "actor"] == [((0, 8, 9, 10, 11), 5),
+                                                                               ((4, 12, 13, 14, 15), 5)]
+    # On a device, or with replica processes, or with every core holding a lane: the lane's core only
+    for cfg, cores in [(Config(num_actors=2, envs_per_actor=32, policy_batch_size=32, policy_device="cuda"), range(16)),
+                       (Config(num_actors=2, envs_per_actor=4, policies_per_actor=2, policy_batch_size=2), range(16)),
+                       (Config(num_actors=2, envs_per_actor=4, policy_batch_size=4), [0, 1])]:
+        assert [q.cpus for q in plan_layout(cfg, cores=cores).processes if q.kind == "actor"] == [(0,), (1,)]
 
 
 @pytest.mark.parametrize("actors,degree", [(8, 2), (4, 4), (2, 8), (3, 8), (2, 16), (5, 3)])

@@ -26,7 +26,9 @@ applying, so that a plan read instead of recomputed changes nothing):
   while there are no more than ``n``. Replicas are not pinned. A CPU replica
   process (and an actor process running its own policy) sets
   ``max(1, (n - env workers) // replicas)`` torch threads, counted over all actors; a CUDA
-  one sets 1; main's threads are the caller's and are left alone.
+  one sets 1; main's threads are the caller's and are left alone. An actor process that
+  runs its own CPU policy is pinned to its lane's core plus an equal run of the cores no
+  lane is pinned to (:func:`_policy_cores`), so those threads have cores to run on.
 - ``ray`` (``cluster`` given): actor ``a`` is a Ray actor asking for one bundle of
   ``Config.processes_per_actor`` CPUs (and one GPU for a CUDA policy); inside it a one-actor
   ``shm`` executor runs the sub-config :attr:`RayPlacement.node_config` (device ``cuda``:
@@ -313,6 +315,23 @@ def lane_cores(actors: int, degree: int, n: int) -> list[list[int]]:
     return out
 
 
+def _policy_cores(config: Config, cores: tuple[int, ...], spread: list[list[int]]) -> list[tuple[int, ...]]:
+    """For each actor process that runs its own CPU policy (several actors, one replica
+    each), the cores no lane is pinned to, shared out in equal runs: its torch threads
+    (:func:`policy_threads` counts these cores) run there beside its own lane's core. A
+    process pinned to its lane's core alone would run all its threads on that one core, so
+    its thread rule would keep 1 whatever the machine (2 actors x 1 lane on 16 cores: 8
+    threads planned, 1 core). Empty runs when the lanes fill the cores (every 2-core plan) or
+    the policy is on a device."""
+    A = config.num_actors
+    if config.policy_device != "cpu" or config.policies_per_actor > 1:
+        return [()] * A
+    taken = {c for lanes in spread for c in lanes}
+    free = [c for c in cores if c not in taken]
+    k = len(free) // A
+    return [tuple(free[a * k:(a + 1) * k]) for a in range(A)]
+
+
 def _actor_plan(config: Config, a: int, host: ProcessPlan, lanes: Sequence[int] | None,
                 threads: int | None, label: str) -> ActorPlan:
     """Actor ``a`` of ``config`` whose loop runs in ``host``; ``label`` names it in its
@@ -360,10 +379,12 @@ def _shm_plan(config: Config, cores: tuple[int, ...], count: int | None = None) 
     if config.num_actors == 1:
         main = _host("main", MAIN, config, 0, None, (spread[0][0],) if config.env_parallel_degree > 1 else ())
         return LayoutPlan(config, "shm", cores, main, (_actor_plan(config, 0, main, spread[0], threads, "actor 0"),))
+    extra = _policy_cores(config, cores, spread)
     actors = []
     for a in range(config.num_actors):
         ids = config.actor_env_ids(a)
-        host = _host("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", config, a, threads, (spread[a][0],))
+        host = _host("actor", f"actor {a} (envs {ids[0]}-{ids[-1]})", config, a, threads,
+                     (spread[a][0], *extra[a]))
         actors.append(_actor_plan(config, a, host, spread[a], threads, f"actor {a}"))
     return LayoutPlan(config, "shm", cores, ProcessPlan("main", MAIN, None), tuple(actors))
 
