@@ -67,3 +67,21 @@ def test_the_executor_keyword_table_matches_the_constructors():
     assert EXECUTOR_KEYWORDS["shm"] == own(ShmExecutor)
     ray_executor = pytest.importorskip("auturi.executor.ray.executor")
     assert EXECUTOR_KEYWORDS["ray"] == own(ray_executor.RayExecutor)
+
+
+def test_a_raw_atari_id_names_the_factory_of_the_frames_agents_train_on():
+    """From Python an Atari id stays raw (210x160x3); the CLI tunes the preprocessed frames. A
+    built-in policy that cannot take the raw frames, or an MLP chosen over them, says which
+    factory gives the CLI's workload."""
+    pytest.importorskip("ale_py")
+    from auturi.tuner.api import _builtin_for
+
+    with pytest.raises(ValueError, match=r"policy='cnn' needs.*AtariPreprocessed\('ALE/Pong-v5'\).*policy='mlp'"):
+        auturi.tune("ALE/Pong-v5", policy="cnn", budget_seconds=1)
+    with pytest.warns(UserWarning, match=r"MLP here.*raw \(210, 160, 3\).*AtariPreprocessed\('ALE/Pong-v5'\)"):
+        _builtin_for("ALE/Pong-v5", "auto")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not an Atari id: no warning
+        _builtin_for("CartPole-v1", "auto")

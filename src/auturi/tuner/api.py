@@ -438,6 +438,40 @@ def _check_executor_kwargs(backend: str, kwargs: dict[str, Any]) -> None:
                         f"its own it takes what make_executor(backend={backend!r}) takes: {', '.join(sorted(known))}")
 
 
+def _builtin_for(env: Any, kind: str) -> Any:
+    """The built-in policy ``kind`` for ``env``'s spaces. An Atari id stays raw here (the CLI
+    alone applies the Atari preprocessing by default), so on one the error, or the choice of
+    an MLP over 210x160x3 frames, names the factory that gives the frames agents train on."""
+    obs_space, action_space = probe_spaces(env)
+    atari = isinstance(env, str) and _raw_atari(env)
+    hint = (f"{env!r} gives raw {tuple(obs_space.shape)} frames; for the frames Atari agents train on (84x84 grey, 4 "
+            f"stacked: what `auturi tune {env}` tunes) pass env=auturi.envs.atari.AtariPreprocessed({env!r})")
+    try:
+        policy, label = builtin_policy(kind, obs_space, action_space)
+    except ValueError as e:
+        if atari and "84x84" in str(e):
+            raise ValueError(f"policy={kind!r} needs channels-first 84x84 frames: {hint} (or use policy='mlp' on "
+                             f"the raw frames)") from None
+        raise
+    if atari and label.startswith("mlp"):
+        import warnings
+
+        warnings.warn(f"policy={kind!r} is an MLP here: {hint}", UserWarning, stacklevel=3)
+    return policy
+
+
+def _raw_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is an id ale-py makes (probed, so registered by now)."""
+    from auturi.envs.atari import is_ale_id
+
+    try:
+        from auturi.envs import find_env_id
+
+        return is_ale_id(find_env_id(env_id)[0])
+    except (ValueError, ImportError):
+        return False
+
+
 DEFAULT_BUDGET_SECONDS = 15.0
 """The budget when neither ``budget_trials`` nor ``budget_seconds`` is given."""
 
@@ -453,7 +487,8 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     Args:
         env: a gymnasium id (``"CartPole-v1"``, ``"ALE/Pong-v5"``, ``"my_pkg:MyEnv-v0"``), an
             EnvPool id (``"envpool:Pong-v5"``), a factory returning a ``gymnasium.Env``, or a
-            list of factories.
+            list of factories. An Atari id gives its raw frames here; ``auturi tune`` tunes
+            ``auturi.envs.atari.AtariPreprocessed(id)`` (84x84 grey, 4 stacked), pass that for the same.
         policy: ``"auto"``, ``"mlp"``, ``"cnn"`` (see :func:`builtin_policy`) or a
             :class:`~auturi.Policy` (e.g. your model's, as ``auturi.wrap`` would run it).
         num_envs: total envs (kept fixed: it changes the algorithm).
@@ -502,7 +537,7 @@ def tune(env: Any, *, policy: Any = "auto", num_envs: int = 8, num_steps: int = 
     # this process probes the env and builds the policy (start-up, not tuning).
     wait_ready = warm_backend(backend, policy_processes=built_in)
     if built_in:
-        policy, _ = builtin_policy(policy, *probe_spaces(env))
+        policy = _builtin_for(env, policy)
     # The model's profile also steps the env on every core at once (4 cores or more): the
     # limit line and the model's first predictions then know what busy cores step.
     skw = {"profile_kwargs": {"loaded": True}} if strategy == "model" else None
