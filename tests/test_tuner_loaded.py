@@ -29,7 +29,9 @@ def test_copies_step_at_once_and_every_one_ends():
     # ratio to the mean step: the copies' rates differ when one is preempted on busy cores, and
     # that check (within 50%) failed under load on 2026-11-27.
     assert 2.0 / t.step_seconds * (1 - 1e-9) <= t.steps_per_second <= 2.0 / 5e-5
-    assert t.cpu_fraction > 0.5  # the copies computed
+    # The copies computed: a waiting env's copies use ~0 of their wall time. Not near 1: on a
+    # shared machine each copy gets its share of a core (0.498 with other jobs on 2026-11-27).
+    assert t.cpu_fraction > 0.2
     assert _our_children() <= before
 
 
