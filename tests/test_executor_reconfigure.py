@@ -169,16 +169,43 @@ def test_atari_envs_move_with_their_emulators_state():
     """ale-py's AtariEnv pickles as its constructor's arguments (EzPickle): moved that way a
     game restarted, so the probe recreated Atari envs and every move cut their episodes.
     Moves now carry the emulator's state (its random generator included): the rollouts after
-    reconfigures equal the serial run's, bit for bit, and no env is recreated."""
+    reconfigures equal the serial run's, bit for bit, and no env is recreated. With seed 0
+    the moves gave other data until they carried the action a sticky frame repeats too."""
     pytest.importorskip("ale_py")
     configs = [A, A.replace(env_parallel_degree=4), Config(num_actors=2, envs_per_actor=4, env_parallel_degree=2)]
-    ref = collect_all("serial", [Config.serial(N)] * len(STEPS), make=_pong)[0]
-    got, reports, movable = collect_all("shm", configs, make=_pong)
+    ref = collect_all("serial", [Config.serial(N)] * len(STEPS), make=_pong, seed=0)[0]
+    got, reports, movable = collect_all("shm", configs, make=_pong, seed=0)
     assert movable
     assert_same(got, ref)
     assert all(r["recreated"] == 0 for r in reports) and sum(r["moved"] for r in reports) > 0
     for before, after in zip(got, got[1:]):  # no episode was cut
         np.testing.assert_array_equal(after.episode_starts[0], before.last_episode_starts)
+
+
+def test_a_sticky_atari_copy_repeats_the_action_its_original_would():
+    """v5's sticky frames repeat the emulator's last action, which ``cloneState`` does not
+    hold: a copy restored from it repeated a no-op, and after a moving action its game left
+    the original's at its first step for 4 of these 12 seeds. The move now finds and carries
+    that action; the copy steps as the original for 60 steps, every seed."""
+    pytest.importorskip("ale_py")
+    from auturi.executor.env_calls import _copy
+
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    for seed in range(12):
+        env = gym.make("ALE/Pong-v5")
+        env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        for a in [*rng.integers(6, size=5), 2]:  # RIGHT last: a sticky frame repeats it
+            env.step(int(a))
+        twin = _copy(env)
+        for t, a in enumerate(rng.integers(6, size=60)):
+            mine, theirs = env.step(int(a)), twin.step(int(a))
+            assert np.array_equal(mine[0], theirs[0]) and mine[1:4] == theirs[1:4], (seed, t)
+        env.close()
+        twin.close()
 
 
 def test_reconfigure_before_the_first_collect_changes_no_data(reference):

@@ -10,7 +10,8 @@ an env travels with its state, for every backend:
   step as the env does) and :func:`travels_whole` (after each call that may change an env: its
   plain attributes survive the copy). Both copy the env as a move does (:func:`_copy`);
 - :func:`dumps_env`, the pickle of a move: cloudpickle's, but an ale-py ``AtariEnv`` carries its
-  emulator's state (it pickles as its constructor's arguments, so a moved Atari env restarted).
+  emulator's state (it pickles as its constructor's arguments, so a moved Atari env restarted)
+  and, with sticky actions, the action a sticky frame repeats (:func:`_sticky_action`).
 """
 from __future__ import annotations
 
@@ -210,9 +211,10 @@ def dumps_env(env: Any) -> bytes:
     """``env`` pickled for a move to another process: ``cloudpickle.dumps``, except that an
     ale-py ``AtariEnv`` inside it (under any wrappers) also carries its emulator's state,
     random generator included (``ALEInterface.cloneState(include_rng=True)``), and its own
-    generator. Its pickle is its constructor's arguments (gymnasium's ``EzPickle``), so before
-    this every move of a Pong env restarted its game: the probe saw that and recreated Atari
-    envs, cutting every episode a reconfigure moved. Raises what pickling raises."""
+    generator, and with sticky actions the action a sticky frame repeats (:func:`_sticky_action`).
+    Its pickle is its constructor's arguments (gymnasium's ``EzPickle``), so before this
+    every move of a Pong env restarted its game: the probe saw that and recreated Atari envs,
+    cutting every episode a reconfigure moved. Raises what pickling raises."""
     import cloudpickle
 
     buf = io.BytesIO()
@@ -227,20 +229,97 @@ def _ale_env_class() -> Any:
 
 def _atari_reduce(env: Any) -> Any:
     """The reduction of an ``AtariEnv`` with its state (see :func:`dumps_env`); None when this
-    ale-py cannot clone its state (its plain pickle then applies, and the probe recreates it)."""
+    ale-py cannot clone its state, or a continuous env repeats actions (its plain pickle then
+    applies, and the probe recreates it: :func:`_atari_whole`)."""
     try:
         state = env.ale.cloneState(include_rng=True)
+        last = _sticky_action(env, state) if _sticky(env) else None
     except Exception:
         return None
     extra = {k: v for k, v in vars(env).items() if k in ("_np_random", "_np_random_seed", "spec")}
-    return _rebuild_atari, (type(env), tuple(env._ezpickle_args), dict(env._ezpickle_kwargs), state, extra)
+    return _rebuild_atari, (type(env), tuple(env._ezpickle_args), dict(env._ezpickle_kwargs), state, extra, last)
 
 
-def _rebuild_atari(cls: type, args: tuple, kwargs: dict, state: Any, extra: dict) -> Any:
+def _rebuild_atari(cls: type, args: tuple, kwargs: dict, state: Any, extra: dict, last: Any = None) -> Any:
     env = cls(*args, **kwargs)
     env.ale.restoreState(state)
+    if last is not None:
+        _prime(env.ale, last, state)
     vars(env).update(extra)
     return env
+
+
+def _atari_whole(env: Any) -> bool | None:
+    """None when ``env`` (under any wrappers) is no ale-py ``AtariEnv``; else whether a move
+    carries all of its state (:func:`_atari_reduce` has a reduction for it)."""
+    atari = _ale_env_class()
+    inner = getattr(env, "unwrapped", None)
+    if atari is None or not isinstance(inner, atari):
+        return None
+    return hasattr(inner, "_ezpickle_args") and not (getattr(inner, "continuous", False) and _sticky(inner))
+
+
+def _sticky(env: Any) -> bool:
+    """Whether the ``AtariEnv`` repeats actions at random (``repeat_action_probability > 0``,
+    every ``ALE/...-v5`` id by default)."""
+    try:
+        return float(env.ale.getFloat("repeat_action_probability")) > 0.0
+    except Exception:  # no such setting: the default, sticky
+        return True
+
+
+STICKY_FRAMES = 24
+"""Frames :func:`_sticky_action` compares and :func:`_prime` acts: a sticky frame repeats
+with probability ``p`` (v5: 0.25), so 24 in a row happen with ``p ** 24`` (4e-15)."""
+
+
+def _sticky_action(env: Any, state: Any) -> Any:
+    """The action the emulator repeats on a sticky frame (its last one taken), which its
+    ``cloneState`` does not hold (ale-py 0.12.1): a copy restored from that state repeats a
+    no-op instead, and its game leaves the env's (a Pong-v5 copy made after a RIGHT
+    diverged at its first step for 4 of 12 seeds, 2026-11-27; the one-step probe missed it for
+    some seeds, and moved envs' data left the serial loop's).
+
+    Found by trying: from ``state`` the env acts a no-op for :data:`STICKY_FRAMES` frames,
+    then, for each legal action, from ``state`` again with that action made the repeated
+    one (:func:`_prime`); the first whose frames all match is the one (the same random draws
+    make the same frames sticky in both, and after the first frame that takes an action
+    the earlier one no longer matters, in this test or in the game that goes on). The env is
+    left as it was: ``state``, that action repeated. About a millisecond when the next
+    frame takes its action (probability ``1 - p``), up to 18 action trials otherwise."""
+    ale = env.ale
+    noop = ale.getLegalActionSet()[0]
+    mine = []
+    for _ in range(STICKY_FRAMES):
+        ale.act(noop)
+        mine.append(ale.cloneState().serialize())
+
+    def matches() -> bool:  # stops at the first frame that differs
+        for frame in mine:
+            ale.act(noop)
+            if ale.cloneState().serialize() != frame:
+                return False
+        return True
+
+    found = noop
+    for action in ale.getLegalActionSet():
+        ale.restoreState(state)
+        _prime(ale, action, state)
+        if matches():
+            found = action
+            break
+    ale.restoreState(state)
+    _prime(ale, found, state)
+    return found
+
+
+def _prime(ale: Any, action: Any, state: Any) -> None:
+    """Make ``action`` the one the emulator repeats, then put it back in ``state`` (which does
+    not hold that action): acting it until a frame takes it (each does with probability
+    ``1 - p``: :data:`STICKY_FRAMES` tries), then restoring ``state``."""
+    for _ in range(STICKY_FRAMES):
+        ale.act(action)
+    ale.restoreState(state)
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,7 +372,14 @@ def travels_with_state(env: Any, seed: int = 0) -> bool:
     copy made mid-episode starts from the initial pose, not the env's; moved that way, an
     episode jumped to another state without a reset (HalfCheetah-v5: observations 5.7 apart,
     found 2026-11-26). Such an env is recreated instead: its episode restarts, as any env's
-    that cannot be pickled. An env that fails here is not movable; its first collect says why."""
+    that cannot be pickled. An env that fails here is not movable; its first collect says why.
+
+    An ale-py env whose state :func:`dumps_env` cannot carry whole (its emulator cannot clone
+    its state, or a continuous-action env with sticky actions) is not movable, whatever the
+    probe's steps show: Pong's first frames are alike, so a copy that restarted the game
+    could pass one step."""
+    if _atari_whole(env) is False:
+        return False
     try:
         space = copy_module.deepcopy(env.action_space)
         space.seed(seed)
