@@ -1000,3 +1000,30 @@ def test_a_reconfigure_that_started_a_server_does_not_price_process_starts():
     assert online._reconfigure_estimate(fifteen, 15) == pytest.approx(RECONFIGURE_BASE + 15 * PROCESS_START_PRIOR)
     online.reconfigures.append({"seconds": 0.06, "executor": {"started": 3}})
     assert online._reconfigure_estimate(fifteen, 15) == pytest.approx(RECONFIGURE_BASE + 15 * 0.02)
+
+
+def test_a_ctrl_c_between_two_trials_leaves_a_tuner_the_next_collect_goes_on_with(monkeypatch):
+    """A KeyboardInterrupt while the tuner moves from one trial to the next (a SIGINT during
+    its bookkeeping) left it searching with no trial: the next collect (the user's next
+    learn()) failed with a bare AssertionError. It now starts the next trial there."""
+    from auturi.tuner import online as online_module
+
+    ex = FakeExecutor(N, speeds, noise=0.01)
+    online = grid_online(ex, budget_trials=4)
+    real, fired = online_module.OnlineTuner._advance, []
+
+    def advance(self):
+        if not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(online_module.OnlineTuner, "_advance", advance)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(10):
+            online.collect(16)
+    assert online.phase == "explore" and online.current is None  # between two trials
+    for _ in range(40):
+        online.collect(16)
+    assert online.phase == "locked" and online.locked_config == FAST
+    assert len(online.history) == 4

@@ -175,6 +175,10 @@ class OnlineTuner(_Session):
             self._begin(num_steps)
         self._horizon_check(remaining_collects)
         self._num_steps = num_steps
+        if self.phase in ("explore", "research", "confirm") and self._rec is None and self._deferred is None:
+            # A Ctrl-C landed between one trial's end and the next one's start (the user's
+            # next learn() then got a bare AssertionError): start the next one now.
+            self._advance()
         config = self.executor.config
         first = self.collects == 0
         cpu0 = time.process_time()
