@@ -554,3 +554,29 @@ def test_the_wrap_says_where_its_seconds_went(capsys, tmp_path, monkeypatch):
     finally:
         fixed.auturi.close()
         tuned.auturi.close()
+
+
+def _first_obs(n: int, seed: int) -> np.ndarray:
+    envs = [gym.make("CartPole-v1") for _ in range(n)]
+    return np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)])
+
+
+@pytest.mark.parametrize("reseed", ["env.seed", "model.set_random_seed"])
+def test_a_reseed_before_the_wrap_seeds_the_envs_that_train_and_one_after_it_warns(reseed):
+    """SB3 resets env i with the VecEnv's pending seed s + i; a reseed after the model was
+    built sets them. The wrap took the model's constructor seed instead, and a reseed after
+    the wrap reached only the VecEnv nothing steps; both without a sign."""
+    model = ppo(make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    (model.get_env().seed if reseed == "env.seed" else model.set_random_seed)(123)
+    auturi.wrap(model, config=auturi.Config.serial(2))
+    try:
+        with pytest.warns(UserWarning, match=r"does not reseed the envs that train.*with 123 \+ i"):
+            model.get_env().seed(7)
+        model.learn(2 * N_STEPS)
+        first = model.rollout_buffer.observations[[0, N_STEPS]]  # flattened env by env after training on it
+        np.testing.assert_array_equal(first, _first_obs(2, 123))
+    finally:
+        model.auturi.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # closed: the VecEnv's own seed again, no warning
+        model.get_env().seed(5)

@@ -125,6 +125,25 @@ class _EnvCallGuard:
         return (_own_call, (self.venv, self.name))
 
 
+class _SeedGuard(_EnvCallGuard):
+    """The stand-in for the VecEnv's ``seed`` while the model is wrapped: SB3's own (the
+    VecEnv keeps its pending seeds) and a warning. The envs that train were seeded at the
+    wrap (env ``i``: the handle's ``seed + i``, the VecEnv's pending seeds taken first); a
+    reseed afterwards (``model.set_random_seed(s)``, ``model.get_env().seed(s)``) reached
+    only the VecEnv nothing steps, with no sign of it (2026-11-27)."""
+
+    def __call__(self, seed: Any = None) -> Any:  # type: ignore[override]
+        venv = self.venv
+        out = type(venv).seed(venv, seed)
+        handle = self.handle()
+        if self._active() and handle is not None:
+            warnings.warn(f"{type(venv).__name__}.seed({seed!r}) after auturi.wrap does not reseed the envs that "
+                          f"train: they were seeded at the wrap (env i with {handle.seed} + i). To train from other "
+                          f"seeds: model.auturi.close(), reseed, then auturi.wrap(model) again (or "
+                          f"auturi.wrap(model, seed=...)).", UserWarning, stacklevel=2)
+        return out
+
+
 def _from_on_step() -> bool:
     """Whether the running call comes from a callback's ``on_step`` (SB3's
     ``BaseCallback.on_step`` is on the stack): the replay of a collect that already ran."""
@@ -282,10 +301,11 @@ class SB3Handle(FaceHandle):
         (SB3's ``VecEnv.render``) stays on ``venv``: drawing an env nothing trains on changes
         nothing. :meth:`close` puts the VecEnv's own calls back (the envs that trained end
         with the executor; ``venv``'s envs are as they were before the wrap)."""
-        own = {name: vars(venv).get(name) for name in _GUARDED_CALLS}
+        own = {name: vars(venv).get(name) for name in (*_GUARDED_CALLS, "seed")}
         own = {k: None if isinstance(v, _EnvCallGuard) else v for k, v in own.items()}  # another model's, stale
         for name in _GUARDED_CALLS:
             setattr(venv, name, _EnvCallGuard(venv, name, self))
+        venv.seed = _SeedGuard(venv, "seed", self)
         self._guarded = (venv, own)
 
     def _unguard_env_calls(self) -> None:

@@ -141,9 +141,12 @@ def wrap_sb3(model: Any, *, config: Config | None = None, tune: bool = True, str
     factories = _env_factories(model, env_fn, base_venv, vec_layers, vecnorm)
     t_envs = time.perf_counter()
     raw_space = (vecnorm.venv if vecnorm is not None else model.env).observation_space
+    # The VecEnv's pending seeds before the model's: they are what SB3's next reset uses, and
+    # a reseed after the model was built (``model.set_random_seed(s)``, ``env.seed(s)``) set
+    # them; the model's own seed went into them when it was built.
     seeds = getattr(base_venv, "_seeds", None)
-    seed = resolve_seed(seed, getattr(model, "seed", None),
-                        int(seeds[0]) if seeds and isinstance(seeds[0], (int, np.integer)) else None)
+    seed = resolve_seed(seed, int(seeds[0]) if seeds and isinstance(seeds[0], (int, np.integer)) else None,
+                        getattr(model, "seed", None))
     if off_policy:
         from auturi.adapters.sb3 import off_policy as replay
 
