@@ -580,3 +580,32 @@ def test_a_reseed_before_the_wrap_seeds_the_envs_that_train_and_one_after_it_war
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # closed: the VecEnv's own seed again, no warning
         model.get_env().seed(5)
+
+
+@pytest.mark.parametrize("vec_cls", ["dummy", "subproc"])
+def test_vec_monitor_episode_returns_equal_sb3s_and_keep_their_types(vec_cls):
+    """SB3's VecMonitor sums the VecEnv's rewards into float32 returns and int32 lengths,
+    unrounded; its stand-in in the envs that train summed Python floats rounded to 6 digits,
+    as Monitor does: Pendulum's returns differed in the 7th digit, their types too."""
+    from stable_baselines3.common.vec_env import SubprocVecEnv, VecMonitor
+
+    from bench.parity import ExecutorNoise
+
+    def run(wrap: bool) -> list:
+        cls = DummyVecEnv if vec_cls == "dummy" else SubprocVecEnv
+        env = VecMonitor(cls([lambda: gym.make("Pendulum-v1", max_episode_steps=N_STEPS)] * 2))
+        model = ppo(env)
+        if wrap:
+            auturi.wrap(model, config=auturi.Config.serial(2))
+            try:
+                model.learn(2 * N_STEPS * 2)
+            finally:
+                model.auturi.close()
+        else:
+            with ExecutorNoise(model, 0):
+                model.learn(2 * N_STEPS * 2)
+        env.close()
+        return [(e["r"], type(e["r"]), e["l"], type(e["l"])) for e in model.ep_info_buffer]
+
+    plain, wrapped = run(False), run(True)
+    assert len(plain) == 4 and wrapped == plain

@@ -36,12 +36,19 @@ class EpisodeMonitor(gym.Wrapper):
 
     ``t_start``: the time ``"t"`` counts from. A re-created monitor (in a worker, again
     after each reconfigure) gets the user's monitor's, so ``"t"`` keeps counting from when
-    training's env was made instead of restarting at each reconfigure."""
+    training's env was made instead of restarting at each reconfigure.
 
-    def __init__(self, env: gym.Env, info_keywords: Sequence[str] = (), t_start: float | None = None):
+    ``vec_sums``: it stands for SB3's ``VecMonitor`` instead, which sums the VecEnv's rewards
+    (``"float32"``: a DummyVecEnv's; ``"float64"``: a SubprocVecEnv's) into a float32 return
+    and an int32 length, unrounded: ``"r"`` and ``"l"`` are those (Monitor's sum, rounded to
+    6 digits, differed from VecMonitor's in the 7th, 2026-11-27)."""
+
+    def __init__(self, env: gym.Env, info_keywords: Sequence[str] = (), t_start: float | None = None,
+                 vec_sums: str | None = None):
         super().__init__(env)
         self.t_start = time.time() if t_start is None else float(t_start)
         self.info_keywords = tuple(info_keywords)
+        self.vec_sums = None if vec_sums is None else np.dtype(vec_sums).type
         self.rewards: list[float] = []
         self.episode_returns: list[float] = []
         self.episode_lengths: list[int] = []
@@ -57,7 +64,9 @@ class EpisodeMonitor(gym.Wrapper):
         self.rewards.append(float(reward))
         if terminated or truncated:
             ep_rew, ep_len = sum(self.rewards), len(self.rewards)
-            ep_info = {"r": round(ep_rew, 6), "l": ep_len, "t": round(time.time() - self.t_start, 6)}
+            ep_info = {"r": round(ep_rew, 6) if self.vec_sums is None else self._vec_return(),
+                       "l": ep_len if self.vec_sums is None else np.int32(ep_len),
+                       "t": round(time.time() - self.t_start, 6)}
             for key in self.info_keywords:
                 ep_info[key] = info[key]
             self.episode_returns.append(ep_rew)
@@ -66,6 +75,14 @@ class EpisodeMonitor(gym.Wrapper):
             info["episode"] = ep_info
         self.total_steps += 1
         return obs, reward, terminated, truncated, info
+
+    def _vec_return(self) -> np.float32:
+        """VecMonitor's return: ``ret += reward`` step by step in a float32 array, the rewards
+        of the VecEnv's dtype (``vec_sums``)."""
+        ret = np.float32(0.0)
+        for r in self.rewards:
+            ret = np.float32(ret + self.vec_sums(r))
+        return ret
 
     # Monitor's getters, for env_method("get_episode_rewards") on a wrapped model's VecEnv.
     def get_total_steps(self) -> int:
@@ -214,7 +231,8 @@ def _apply_layer(env: gym.Env, layer: tuple) -> gym.Env:
     if kind == "kwargs":
         return layer[1](env, **layer[2])
     if kind == "monitor":
-        return EpisodeMonitor(env, info_keywords=layer[1], t_start=layer[2] if len(layer) > 2 else None)
+        return EpisodeMonitor(env, info_keywords=layer[1], t_start=layer[2] if len(layer) > 2 else None,
+                              vec_sums=layer[3] if len(layer) > 3 else None)
     if kind == "sb3_monitor":
         return _sb3_monitor(env, layer[1], layer[2] if len(layer) > 2 else None)
     if kind == "atari":

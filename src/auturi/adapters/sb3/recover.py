@@ -338,7 +338,12 @@ def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:
                 raise NotImplementedError(
                     "VecMonitor(filename=...) is not supported by auturi.wrap: wrap each env in "
                     "Monitor(env, filename) instead (make_vec_env(..., monitor_dir=...) does)")
-            layers.insert(0, ("monitor", tuple(w.info_keywords), float(w.t_start)))
+            # VecMonitor sums the VecEnv's rewards in a float32 array: a DummyVecEnv's are float32,
+            # a SubprocVecEnv's float64 (added, then rounded to float32)
+            from stable_baselines3.common.vec_env import SubprocVecEnv
+
+            sums = "float64" if isinstance(venv, SubprocVecEnv) else "float32"
+            layers.insert(0, ("monitor", tuple(w.info_keywords), float(w.t_start), sums))
         else:
             raise NotImplementedError(
                 f"the VecEnv wrapper {type(w).__name__} is not supported by auturi.wrap (supported: VecNormalize "
