@@ -117,6 +117,12 @@ class WorkerError(AuturiError, RuntimeError):
         return type(self), (self.worker, self.reason, self.traceback, self.config, self.stack)
 
 
+TIMEOUT_FIX = ("worker_timeout=SECONDS in auturi.wrap(...), auturi.tune(...) or make_executor(...) (auturi tune: "
+               "--worker-timeout S; any of them: the AUTURI_WORKER_TIMEOUT environment variable)")
+"""How to raise the stuck-worker timeout, from whichever face the user runs: one place, so a
+wrapped model's user is not told of a function they never call."""
+
+
 class WorkerEnvCheckError(WorkerError, EnvCheckError):
     r"""An env in a worker process failed Auturi's env checks: an :class:`EnvCheckError` (as
     the same env in the caller's process raises) and a :class:`WorkerError` (the worker, its

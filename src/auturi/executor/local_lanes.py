@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from auturi.errors import WorkerError
+from auturi.errors import TIMEOUT_FIX, WorkerError
 from auturi.executor.env_runner import EnvRunner, env_call_frame, env_of_frame
 from auturi.executor.policy_runner import PolicyRunner
 
@@ -194,7 +194,7 @@ class CallerWatchdog:
             who = f"env {env}" if env is not None else "the collect"
             stack = format_stack(frame)
             reason = (f"made no progress for {idle:.1f} s; if its steps are this slow on purpose, raise "
-                      f"worker_timeout (now {self._limit:g} s): make_executor(..., worker_timeout=SECONDS)")
+                      f"worker_timeout (now {self._limit:g} s): {TIMEOUT_FIX}")
             self.error = WorkerError(f"{who} ({self.where})", reason, "", self.config(), stack)
             sys.stderr.write(
                 f"auturi: {who} ({self.where}) {reason}.\n  Its Python stack (most recent call first):\n"

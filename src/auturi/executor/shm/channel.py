@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from auturi.errors import WorkerError
+from auturi.errors import TIMEOUT_FIX, WorkerError
 from auturi.executor.buffers import ArrayBlock
 
 # commands (EXPORT: an env host ending in a reconfigure sends its live envs on its pipe;
@@ -411,7 +411,7 @@ def stuck_error(ctrl: ArrayBlock, slot: int, name: str, idle: float, timeout: fl
 
 def stuck_reason(idle: float, note: str, pid: int, timeout: float) -> str:
     return (f"made no progress for {idle:.1f} s{note} (pid {pid}); if its steps are this slow on purpose, "
-            f"raise worker_timeout (now {timeout:g} s): make_executor(..., worker_timeout=SECONDS)")
+            f"raise worker_timeout (now {timeout:g} s): {TIMEOUT_FIX}")
 
 
 def process_state(pid: int) -> str:
