@@ -1027,3 +1027,28 @@ def test_a_ctrl_c_between_two_trials_leaves_a_tuner_the_next_collect_goes_on_wit
         online.collect(16)
     assert online.phase == "locked" and online.locked_config == FAST
     assert len(online.history) == 4
+
+
+def test_a_layout_whose_workers_fail_names_the_move_and_how_to_train_without_it():
+    """An env that cannot be made outside the training process fails the tuner's move to env
+    workers; the executor is gone then. The error says which move it was and how to train
+    anyway (a fixed layout that ran, or no tuning), and keeps the worker's fields."""
+    from auturi import WorkerError
+
+    class Failing(FakeExecutor):
+        def reconfigure(self, config):
+            if config.env_parallel_degree > 1 or config.num_actors > 1:
+                self.closed = True
+                raise WorkerError("env worker 1 of actor 0 (envs 4-7)", "raised an exception", "Traceback: ...",
+                                  config)
+            return super().reconfigure(config)
+
+    ex = Failing(N, speeds, noise=0.01)
+    online = grid_online(ex, budget_trials=4)
+    with pytest.raises(WorkerError) as info:
+        for _ in range(10):
+            online.collect(16)
+    e = info.value
+    assert e.worker == "env worker 1 of actor 0 (envs 4-7)" and e.traceback == "Traceback: ..."
+    assert f"moving from {Config.serial(N)} to {FAST}" in e.reason
+    assert "auturi.wrap(model, config=auturi.Config(1, 8, 1, 1, 'cpu', 8))" in e.reason and "tune=False" in e.reason

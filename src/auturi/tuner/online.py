@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from auturi.config import Config
-from auturi.errors import AuturiError, ConfigError, LostEnvChangesError
+from auturi.errors import AuturiError, ConfigError, LostEnvChangesError, WorkerError
 from auturi.executor.contract import as_executor_like
 from auturi.tuner import online_search, payback
 from auturi.tuner.measure import Trial, TrialRecorder, throughput_of
@@ -50,6 +50,12 @@ from auturi.tuner.session import _Session
 from auturi.tuner.space import SearchSpace
 from auturi.tuner.strategies import Strategy
 
+
+
+def _ctor(config: Config) -> str:
+    """``config`` as ``auturi.Config``'s arguments, for a message to paste from."""
+    return (f"{config.num_actors}, {config.envs_per_actor}, {config.env_parallel_degree}, "
+            f"{config.policies_per_actor}, {config.policy_device!r}, {config.policy_batch_size}")
 
 class OnlineTuner(_Session):
     """Tunes inside training: each :meth:`collect` is one real collect that the learner
@@ -261,8 +267,18 @@ class OnlineTuner(_Session):
         return True
 
     def _reconfigure(self, config: Config) -> tuple[float, dict[str, Any] | None]:
-        """Reconfigure the executor (:meth:`Moves.reconfigure`); its seconds count as search cost."""
-        secs, info = self.moves.reconfigure(config, self.collects)
+        """Reconfigure the executor (:meth:`Moves.reconfigure`); its seconds count as search cost.
+        A worker of the new layout that fails (an env that cannot be made outside the training
+        process, say) ends the executor: the error then says which move the tuner was making
+        and how to train without it (a fixed layout that ran, or no tuning)."""
+        before = self.executor.config
+        try:
+            secs, info = self.moves.reconfigure(config, self.collects)
+        except WorkerError as e:
+            hint = (f"; the online tuner was moving from {before} to {config} to measure it. To train without "
+                    f"such layouts, fix the env or pass a fixed layout that ran: auturi.wrap(model, config="
+                    f"auturi.Config({_ctor(before)})), or tune=False (the VecEnv's own layout)")
+            raise type(e)(e.worker, e.reason + hint, e.traceback, e.config, e.stack) from e
         self.search_cost += secs
         return secs, info
 
