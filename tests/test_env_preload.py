@@ -1,6 +1,9 @@
 """Env workers start with the modules their env factories need already imported: the env
 forkserver preloads them (a worker that imported SB3's Monitor itself paid 1.4 s per start)."""
 import functools
+import os
+
+import pytest
 
 from auturi.executor.shm.forkservers import modules_to_preload
 from tests.helpers import run_probe_script
@@ -153,7 +156,16 @@ def test_the_modules_a_factory_imports_when_called_are_found_too():
         gym.registry.pop("auturi-test/PreloadProbeById-v0", None)
 
 
-def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path):
+@pytest.mark.parametrize("module", ["tests.preload_probe", "sibling_probe_env"])
+def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path, module):
+    """``sibling_probe_env``: a module beside the script, which runs from another directory
+    (the suite's), so the module is on the caller's path only. Python 3.11's forkserver takes
+    the caller's ``sys.path`` and does not apply it: its preload of the module failed silently
+    and each env worker imported the module itself (one importing torch cost seconds a
+    worker; 2026-11-27)."""
+    import shutil
+
+    shutil.copy(os.path.join(os.path.dirname(__file__), "preload_probe.py"), tmp_path / "sibling_probe_env.py")
     main, workers = run_probe_script(tmp_path, """
         import os, sys
         import gymnasium as gym
@@ -161,7 +173,7 @@ def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path):
         from auturi.policy import RandomPolicy
 
         if __name__ == "__main__":
-            gym.register("auturi-test/PreloadProbeById-v0", entry_point="tests.preload_probe:PreloadProbeEnv",
+            gym.register("auturi-test/PreloadProbeById-v0", entry_point="MODULE:PreloadProbeEnv",
                          kwargs={"directory": sys.argv[1]})
             env_id = "auturi-test/PreloadProbeById-v0"
             ex = make_executor(env_id, RandomPolicy(gym.make(env_id).action_space), num_envs=4,
@@ -169,7 +181,8 @@ def test_env_workers_fork_with_an_ids_env_module_imported(tmp_path):
             ex.collect(2)
             ex.close()
             print(os.getpid(), flush=True)
-    """)
+    """.replace("MODULE", module))
+    assert os.getcwd() != str(tmp_path)  # the script runs from elsewhere
     assert main == "1" and len(workers) == 3
     assert set(workers.values()) == {"0"}, workers  # the id's module came with the forkserver
 
@@ -204,3 +217,4 @@ def test_the_env_server_starts_early_only_where_the_tuner_would_start_it_at_wrap
     assert not _env_workers_soon(serial, 8, {"cores": 16, "early_env_share": None})  # the look is off
     assert not _env_workers_soon(Config(1, 8, 8), 8, {"cores": 16})  # the start has env workers already
     assert not _env_workers_soon(Config.serial(1), 1, {"cores": 16})  # one env: no env workers
+
