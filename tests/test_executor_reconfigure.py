@@ -185,8 +185,8 @@ def test_atari_envs_move_with_their_emulators_state():
 def test_a_sticky_atari_copy_repeats_the_action_its_original_would():
     """v5's sticky frames repeat the emulator's last action, which ``cloneState`` does not
     hold: a copy restored from it repeated a no-op, and after a moving action its game left
-    the original's at its first step for 4 of these 12 seeds. The move now finds and carries
-    that action; the copy steps as the original for 60 steps, every seed."""
+    the original's at its first step for seeds 2, 7, 10 and 11 of 0-11 (not for 0). The move
+    now finds and carries that action; the copy steps as the original for 60 steps."""
     pytest.importorskip("ale_py")
     from auturi.executor.env_calls import _copy
 
@@ -194,7 +194,7 @@ def test_a_sticky_atari_copy_repeats_the_action_its_original_would():
     import gymnasium as gym
 
     gym.register_envs(ale_py)
-    for seed in range(12):
+    for seed in (0, 2, 7, 10, 11):
         env = gym.make("ALE/Pong-v5")
         env.reset(seed=seed)
         rng = np.random.default_rng(seed)

@@ -582,18 +582,16 @@ def test_a_reseed_before_the_wrap_seeds_the_envs_that_train_and_one_after_it_war
         model.get_env().seed(5)
 
 
-@pytest.mark.parametrize("vec_cls", ["dummy", "subproc"])
-def test_vec_monitor_episode_returns_equal_sb3s_and_keep_their_types(vec_cls):
+def test_vec_monitor_episode_returns_equal_sb3s_and_keep_their_types():
     """SB3's VecMonitor sums the VecEnv's rewards into float32 returns and int32 lengths,
     unrounded; its stand-in in the envs that train summed Python floats rounded to 6 digits,
     as Monitor does: Pendulum's returns differed in the 7th digit, their types too."""
-    from stable_baselines3.common.vec_env import SubprocVecEnv, VecMonitor
+    from stable_baselines3.common.vec_env import VecMonitor
 
     from bench.parity import ExecutorNoise
 
     def run(wrap: bool) -> list:
-        cls = DummyVecEnv if vec_cls == "dummy" else SubprocVecEnv
-        env = VecMonitor(cls([lambda: gym.make("Pendulum-v1", max_episode_steps=N_STEPS)] * 2))
+        env = VecMonitor(DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=N_STEPS)] * 2))
         model = ppo(env)
         if wrap:
             auturi.wrap(model, config=auturi.Config.serial(2))
@@ -609,3 +607,34 @@ def test_vec_monitor_episode_returns_equal_sb3s_and_keep_their_types(vec_cls):
 
     plain, wrapped = run(False), run(True)
     assert len(plain) == 4 and wrapped == plain
+
+
+def test_vec_monitors_stand_in_adds_a_subproc_vec_envs_float64_rewards_as_vec_monitor_does():
+    """A SubprocVecEnv hands VecMonitor float64 rewards, added into its float32 array (in
+    float64, then rounded); a DummyVecEnv float32 ones, added in float32."""
+    from auturi.adapters.sb3.envs import EpisodeMonitor
+
+    rewards = [0.1, 1e-8, 2.3, -7.123456789, 1e-9] * 5
+
+    class Fixed(gym.Env):
+        observation_space, action_space = gym.spaces.Discrete(1), gym.spaces.Discrete(1)
+
+        def reset(self, *, seed=None, options=None):
+            self.t = 0
+            return 0, {}
+
+        def step(self, action):
+            self.t += 1
+            return 0, rewards[self.t - 1], self.t == len(rewards), False, {}
+
+    for sums, reward_dtype in (("float32", np.float32), ("float64", np.float64)):
+        env = EpisodeMonitor(Fixed(), vec_sums=sums)
+        env.reset()
+        info = {}
+        while "episode" not in info:
+            *_, info = env.step(0)
+        ret = np.zeros(1, np.float32)  # VecMonitor's array, rewards of the VecEnv's dtype
+        for r in rewards:
+            ret += np.array([r], reward_dtype)
+        assert info["episode"]["r"] == ret[0] and type(info["episode"]["r"]) is np.float32
+        assert info["episode"]["l"] == len(rewards) and type(info["episode"]["l"]) is np.int32
