@@ -208,6 +208,24 @@ def test_a_sticky_atari_copy_repeats_the_action_its_original_would():
         twin.close()
 
 
+def test_an_atari_env_whose_state_a_move_cannot_carry_is_not_movable(monkeypatch):
+    """Where the move's reduction fails, the plain pickle remakes the game from its start;
+    the probe's one step need not tell (Pong's first frames are alike): not movable."""
+    pytest.importorskip("ale_py")
+    from auturi.executor import env_calls
+
+    env = _pong()
+    env.reset(seed=0)
+    assert env_calls.travels_with_state(env, 0)
+
+    def broken(env, state):
+        raise RuntimeError("no state here")
+
+    monkeypatch.setattr(env_calls, "_sticky_action", broken)
+    assert not env_calls.travels_with_state(env, 0)
+    env.close()
+
+
 def test_reconfigure_before_the_first_collect_changes_no_data(reference):
     """Envs not reset yet are made anew where they go, with the same seeds."""
     with make_executor(env_fn, ObsHashPolicy(env_fn().action_space), num_envs=N, config=A, backend="shm",

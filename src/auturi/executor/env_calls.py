@@ -256,7 +256,12 @@ def _atari_whole(env: Any) -> bool | None:
     inner = getattr(env, "unwrapped", None)
     if atari is None or not isinstance(inner, atari):
         return None
-    return hasattr(inner, "_ezpickle_args") and not (getattr(inner, "continuous", False) and _sticky(inner))
+    if not hasattr(inner, "_ezpickle_args") or (getattr(inner, "continuous", False) and _sticky(inner)):
+        return False
+    # Where the reduction fails (an ale-py without cloneState, say), the plain pickle remakes
+    # the game from its start, and the probe's one step may not tell (Pong's first frames
+    # are alike).
+    return _atari_reduce(inner) is not None
 
 
 def _sticky(env: Any) -> bool:
