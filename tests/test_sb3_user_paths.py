@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -638,3 +639,37 @@ def test_vec_monitors_stand_in_adds_a_subproc_vec_envs_float64_rewards_as_vec_mo
             ret += np.array([r], reward_dtype)
         assert info["episode"]["r"] == ret[0] and type(info["episode"]["r"]) is np.float32
         assert info["episode"]["l"] == len(rewards) and type(info["episode"]["l"]) is np.int32
+
+
+class HangsInAFreshOne(LevelEnv):
+    """Steps as LevelEnv, but an env made after ``HANG`` is set blocks in its 10th step: the
+    wrap's drift check makes such a fresh env of the id and steps it (the model's own envs
+    were made before)."""
+
+    HANG = False
+
+    def __init__(self):
+        super().__init__()
+        self.hangs, self.steps = HangsInAFreshOne.HANG, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.hangs and self.steps == 10:
+            threading.Event().wait()  # never set: a simulator that stopped answering
+        return super().step(action)
+
+
+def test_a_fresh_env_that_hangs_in_the_wraps_check_is_a_worker_error_naming_the_check(monkeypatch):
+    """The wrap steps an env fresh from the id to see whether the live ones were changed after
+    gym.make; an env hanging there hung the wrap with no word. It is watched now, as the
+    caller's own collects are."""
+    monkeypatch.setenv("AUTURI_WORKER_TIMEOUT", "1")
+    gym.register("AuturiHangsFresh-v0", entry_point=HangsInAFreshOne, max_episode_steps=50)
+    try:
+        model = ppo(make_vec_env("AuturiHangsFresh-v0", n_envs=2, seed=0))
+        monkeypatch.setattr(HangsInAFreshOne, "HANG", True)
+        with pytest.raises(auturi.WorkerError, match=r"check of an env fresh from gym.make\('AuturiHangsFresh-v0'\).*"
+                                                     r"made no progress"):
+            auturi.wrap(model, config=auturi.Config.serial(2))
+    finally:
+        gym.registry.pop("AuturiHangsFresh-v0", None)

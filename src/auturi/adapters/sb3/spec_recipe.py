@@ -135,34 +135,52 @@ def _profile(spec: Any) -> tuple[dict[str, Any], frozenset] | None:
         return None
     if key in _PROFILES:
         return _PROFILES[key]
-    profile = None
-    env = None
+    from auturi.errors import WorkerError
+    from auturi.executor.base import resolve_worker_timeout
+    from auturi.executor.local_lanes import CallerWatchdog
+
+    made: list[Any] = []
+    calls = [0]
+    # An env that never returns from a step hung the wrap here with no word (2026-11-27): the
+    # probe is watched as the caller's own collects are, and such an env is a WorkerError.
+    dog = CallerWatchdog(resolve_worker_timeout(None), lambda: calls[0],
+                         f"the wrap's check of an env fresh from gym.make({spec.id!r})")
     try:
-        env = gym.make(spec)
-        base = env.unwrapped
-        initial = _scalars(base)
-        moving: set[str] = set()
-
-        def note() -> None:
-            moving.update(k for k, v in _scalars(base).items() if k not in initial or not same_value(v, initial[k]))
-
-        env.action_space.seed(0)
-        env.reset(seed=0)
-        note()
-        for _ in range(PROBE_STEPS):
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            note()
-            if terminated or truncated:
-                env.reset()
-                note()
-        profile = (initial, frozenset(moving))
+        profile = dog.run(_probe, spec, made, calls)
+    except WorkerError:
+        raise
     except Exception:  # noqa: BLE001 - see the docstring
         profile = None
     finally:
-        if env is not None:
+        dog.close()
+        for env in made:
             try:
                 env.close()
             except Exception:  # noqa: BLE001
                 pass
     _PROFILES[key] = profile
     return profile
+
+
+def _probe(spec: Any, made: list, calls: list) -> tuple[dict[str, Any], frozenset]:
+    """:func:`_profile`'s steps (``made`` gets the env, ``calls`` counts its calls)."""
+    env = gym.make(spec)
+    made.append(env)
+    base = env.unwrapped
+    initial = _scalars(base)
+    moving: set[str] = set()
+
+    def note() -> None:
+        calls[0] += 1
+        moving.update(k for k, v in _scalars(base).items() if k not in initial or not same_value(v, initial[k]))
+
+    env.action_space.seed(0)
+    env.reset(seed=0)
+    note()
+    for _ in range(PROBE_STEPS):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        note()
+        if terminated or truncated:
+            env.reset()
+            note()
+    return initial, frozenset(moving)
