@@ -293,26 +293,30 @@ def _sticky_action(env: Any, state: Any) -> Any:
     left as it was: ``state``, that action repeated. About a millisecond when the next
     frame takes its action (probability ``1 - p``), up to 18 action trials otherwise."""
     ale = env.ale
-    noop = ale.getLegalActionSet()[0]
-    mine = []
-    for _ in range(STICKY_FRAMES):
-        ale.act(noop)
-        mine.append(ale.cloneState().serialize())
-
-    def matches() -> bool:  # stops at the first frame that differs
-        for frame in mine:
+    try:
+        noop = ale.getLegalActionSet()[0]
+        mine = []
+        for _ in range(STICKY_FRAMES):
             ale.act(noop)
-            if ale.cloneState().serialize() != frame:
-                return False
-        return True
+            mine.append(ale.cloneState().serialize())
 
-    found = noop
-    for action in ale.getLegalActionSet():
-        ale.restoreState(state)
-        _prime(ale, action, state)
-        if matches():
-            found = action
-            break
+        def matches() -> bool:  # stops at the first frame that differs
+            for frame in mine:
+                ale.act(noop)
+                if ale.cloneState().serialize() != frame:
+                    return False
+            return True
+
+        found = noop
+        for action in ale.getLegalActionSet():
+            ale.restoreState(state)
+            _prime(ale, action, state)
+            if matches():
+                found = action
+                break
+    except BaseException:
+        ale.restoreState(state)  # the env goes on (a probe's copy, an env call's check): its game as it was
+        raise
     ale.restoreState(state)
     _prime(ale, found, state)
     return found
