@@ -276,8 +276,8 @@ class OnlineTuner(_Session):
             secs, info = self.moves.reconfigure(config, self.collects)
         except WorkerError as e:
             hint = (f"; the online tuner was moving from {before} to {config} to measure it. To train without "
-                    f"such layouts, fix the env or pass a fixed layout that ran: auturi.wrap(model, config="
-                    f"auturi.Config({_ctor(before)})), or tune=False (the VecEnv's own layout)")
+                    f"such layouts, fix the env or pass a fixed layout that ran: auturi.wrap(..., config="
+                    f"auturi.Config({_ctor(before)})), or tune=False")
             raise type(e)(e.worker, e.reason + hint, e.traceback, e.config, e.stack) from e
         self.search_cost += secs
         return secs, info
