@@ -673,3 +673,25 @@ def test_a_fresh_env_that_hangs_in_the_wraps_check_is_a_worker_error_naming_the_
             auturi.wrap(model, config=auturi.Config.serial(2))
     finally:
         gym.registry.pop("AuturiHangsFresh-v0", None)
+
+
+def test_a_setting_the_script_made_at_run_time_reaches_the_envs_workers_make(monkeypatch):
+    """A registered env whose constructor reads a module setting the script set at run time
+    (from its arguments, say): Auturi's workers run none of the script, so envs made there
+    from the id had the import-time value, and the layout changed the rewards (2.0 in the
+    caller, 1.0 in an env worker) with no sign of it. The wrap now makes one such env in a
+    process like the workers, sees the difference and copies the live envs instead."""
+    from tests import setting_probe_env
+
+    monkeypatch.setitem(setting_probe_env.SETTINGS, "bonus", 1.0)
+    gym.register("AuturiSettingProbe-v0", entry_point="tests.setting_probe_env:BonusEnv", max_episode_steps=50)
+    try:
+        model = ppo(make_vec_env("AuturiSettingProbe-v0", n_envs=2, seed=0))
+        auturi.wrap(model, config=auturi.Config(1, 2, 2, 1, "cpu", 2))  # env 1 in an env worker
+        try:
+            model.learn(2 * N_STEPS)
+            assert set(model.rollout_buffer.rewards.ravel().tolist()) == {2.0}
+        finally:
+            model.auturi.close()
+    finally:
+        gym.registry.pop("AuturiSettingProbe-v0", None)

@@ -2,7 +2,8 @@
 :func:`auturi.adapters.sb3.recover._base_recipe`): ``gym.make(spec)`` in Auturi's workers,
 unless that would not make the env the model trains on.
 
-Two ways it would not (both found 2026-11-26, /work/notes/sb3-findings.md F2 and F5):
+Three ways it would not (the first two found 2026-11-26, /work/notes/sb3-findings.md F2 and
+F5; the third 2026-11-27):
 
 - the id names the training script, ``gym.register(id, entry_point="__main__:MyEnv")``:
   Auturi's workers never run the script, so ``gym.make`` there failed with ``module
@@ -13,7 +14,12 @@ Two ways it would not (both found 2026-11-26, /work/notes/sb3-findings.md F2 and
   ``env.unwrapped.gravity = 5.0``): not in the spec, so lost; a registered curriculum env set
   to level 3 trained at level 0, while the same class passed as an instance (copied by
   pickling) kept level 3. :func:`config_drift` finds such changes, and the live env is then
-  copied, as an instance is.
+  copied, as an instance is;
+- the constructor reads a setting the script made at run time (a module global set from its
+  arguments): Auturi's workers run none of the script, so they made the env with the
+  module's import-time value. :func:`elsewhere_drift` makes one env in a process started
+  as the workers are, where the env's module is the user's own, and the live env is copied
+  where its settings differ.
 
 The live env may also have been reset and stepped (a ``learn`` before ``wrap``), which moves
 its state attributes. A change is therefore only a scalar attribute of the unwrapped env that
@@ -52,10 +58,15 @@ def spec_recipe(base: gym.Env, spec: Any, where: str, copy: Callable[[gym.Env, s
     (:func:`config_drift`), ``copy(base, where, why)`` (``recover._pickled``) when that copy
     keeps the changes; else ``("make", ...)`` with a warning naming them and the fix."""
     changed = config_drift(base, spec)
+    why = f"was changed after gym.make({spec.id!r})"
+    if not changed:
+        changed = elsewhere_drift(base, spec)
+        why = (f"is made otherwise by gym.make({spec.id!r}) in a process that ran none of the training script, as "
+               f"Auturi's workers run none of it (a setting the script made at run time, read by the env's constructor)")
     if not changed:
         return ("make", portable_spec(spec, where))
     what = ", ".join(f"{k}={live!r} (as made: {made!r})" for k, (live, made) in sorted(changed.items()))
-    why = f"was changed after gym.make({spec.id!r}) ({what})"
+    why = f"{why} ({what})"
     try:
         recipe = copy(base, where, why)
         import cloudpickle
@@ -105,6 +116,111 @@ def config_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
     initial, moving = profile
     live = _scalars(base)
     return {k: (live[k], v) for k, v in initial.items() if k in live and k not in moving and not same_value(live[k], v)}
+
+
+def elsewhere_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
+    """``{attribute: (live value, value as made elsewhere)}`` for the settings of ``base`` that
+    an env fresh from ``spec`` has otherwise when made in a process like Auturi's env workers
+    (:func:`_made_elsewhere`), though not when made here. Found 2026-11-27: a script that sets
+    ``my_envs.SETTINGS["bonus"] = 1.0`` from its arguments, with ``MyEnv-v0``'s constructor
+    reading it, trained on rewards 2.0 in the serial layout and 1.0 in env workers, with no
+    sign of it. Empty when none differ, or the check does not apply or cannot run."""
+    profile = _profile(spec)
+    if profile is None:
+        return {}
+    initial, moving = profile
+    other = _made_elsewhere(spec)
+    if not other:
+        return {}
+    live = _scalars(base)
+    return {k: (live[k], other[k]) for k, v in initial.items()
+            if k in live and k in other and k not in moving and same_value(live[k], v) and not same_value(v, other[k])}
+
+
+_ELSEWHERE: dict[tuple, dict[str, Any] | None] = {}  # spec key -> scalars made in a fresh env worker
+
+
+def _made_elsewhere(spec: Any) -> dict[str, Any] | None:
+    """The scalars of an env fresh from ``spec`` made in a process started as Auturi's env
+    workers are (from the env workers' server, none of the training script run), or None:
+    the entry point is not a module of the user's (an installed package's envs hold no
+    script's settings: no process is started for them), this process cannot start one (an
+    SB3 ``SubprocVecEnv`` worker is daemonic), or the env could not be made there in time."""
+    import multiprocessing as mp
+
+    module = _user_module(spec)
+    if module is None or mp.current_process().daemon or "forkserver" not in mp.get_all_start_methods():
+        return None
+    key = (spec.id, repr(sorted(spec.kwargs.items())), repr(spec.entry_point))
+    if key in _ELSEWHERE:
+        return _ELSEWHERE[key]
+    from auturi.executor.base import resolve_worker_timeout
+    from auturi.executor.shm.forkservers import EnvProcess
+    from auturi.executor.shm.processes import start_without_main
+
+    out, proc, mine = None, None, None
+    try:
+        mine, theirs = mp.get_context("forkserver").Pipe(duplex=False)
+        proc = EnvProcess(target=_send_fresh_scalars, args=(spec, theirs), daemon=True)
+        proc.preload = (module,)  # type: ignore[attr-defined]
+        start_without_main(proc)
+        theirs.close()
+        if mine.poll(min(60.0, resolve_worker_timeout(None))):
+            out = mine.recv()
+    except Exception:  # noqa: BLE001 - a check, never a reason to fail a wrap
+        out = None
+    finally:
+        if mine is not None:
+            mine.close()
+        if proc is not None:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    _ELSEWHERE[key] = out if isinstance(out, dict) else None
+    return _ELSEWHERE[key]
+
+
+def _send_fresh_scalars(spec: Any, conn: Any) -> None:
+    """In the started process: the scalars of an env fresh from ``spec`` (None if it fails)."""
+    env = None
+    try:
+        env = gym.make(spec)
+        conn.send(_scalars(env.unwrapped))
+    except Exception:  # noqa: BLE001
+        conn.send(None)
+    finally:
+        if env is not None:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001
+                pass
+        conn.close()
+
+
+def _user_module(spec: Any) -> str | None:
+    """The module of ``spec``'s entry point when it is the user's own (a file outside the
+    installed packages and the standard library), else None (also for the training script,
+    whose creator travels by value: :func:`portable_spec`)."""
+    import importlib.util
+    import os
+    import sysconfig
+
+    entry = getattr(spec, "entry_point", None)
+    name = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    if not name or name in _SCRIPT_MODULES:
+        return None
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(found, "origin", None)
+    if not origin or not origin.endswith(".py"):
+        return None
+    path = os.path.realpath(origin)
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
+    roots = [os.path.realpath(p) + os.sep for p in installed if p]
+    return None if any(path.startswith(r) for r in roots) else name
 
 
 def same_value(a: Any, b: Any) -> bool:
