@@ -130,3 +130,26 @@ def test_metrics_route_parses_and_says_what_to_install_without_prometheus_client
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
     r = asyncio.run(get())
     assert r.status_code == 503 and "pip install" in r.json()["detail"]
+
+
+def test_every_metric_docs_cli_names_is_served():
+    """docs/cli.md's /metrics row named three series no version served (2026-11-27)."""
+    import re
+    from pathlib import Path
+
+    row = next(line for line in (Path(__file__).parent.parent / "docs" / "cli.md").read_text().splitlines()
+               if line.startswith("| `GET /metrics`"))
+    named = set(re.findall(r"`(auturi_[a-z_]+)", row))
+    assert len(named) >= 10
+    from auturi.server import render_metrics
+
+    snap = snapshot("search", 3)
+    snap.record_collect(CollectStats(steps=512, seconds=0.5, env_seconds=0.3, policy_seconds=0.1, wait_seconds=0.05))
+    status = _Reader(snap, {"cores": 2}).status()
+    status.update(searching=True, budget={"trials_left": 2, "seconds_left": 3.0}, best_low=1200.0, best_high=1300.0,
+                  elapsed_seconds=1.0,
+                  current_config=CONFIGS[1].to_dict(), best_config=CONFIGS[0].to_dict())
+    text = render_metrics(status, _Reader(snap, {"cores": 2}).trials())
+    served = {k[0] for k in series(text)} | {f.name for f in parser.text_string_to_metric_families(text)}
+    # the interval's pair is written `auturi_tuner_best_low_steps_per_second` / `_high_`
+    assert named - served == set(), named - served
