@@ -2,6 +2,7 @@
 forkserver preloads them (a worker that imported SB3's Monitor itself paid 1.4 s per start)."""
 import functools
 import os
+import time
 
 import pytest
 
@@ -218,3 +219,39 @@ def test_the_env_server_starts_early_only_where_the_tuner_would_start_it_at_wrap
     assert not _env_workers_soon(Config(1, 8, 8), 8, {"cores": 16})  # the start has env workers already
     assert not _env_workers_soon(Config.serial(1), 1, {"cores": 16})  # one env: no env workers
 
+
+
+def test_a_ctrl_c_while_a_server_imports_its_preloads_is_not_its_to_handle(tmp_path, monkeypatch, capfd):
+    """A terminal's Ctrl-C reaches the whole process group, the servers too; one landing while
+    a server imported its preloads (the auturi package first: before its preload module could
+    ignore SIGINT) printed a KeyboardInterrupt traceback beside the caller's clean
+    "interrupted", and the server died. The servers start with SIGINT blocked."""
+    import multiprocessing as mp
+    import signal
+
+    from auturi.executor.shm import forkservers
+    from auturi.executor.shm.processes import start_without_main
+
+    mark = tmp_path / "importing"
+    monkeypatch.setenv("AUTURI_TEST_IMPORT_MARK", str(mark))
+    unique = (f"tests.no_such_module_{os.getpid()}",)  # a server of this test's own
+    server = forkservers._server(("tests.slow_import_probe",) + unique)
+    server.ensure_running()
+    deadline = time.monotonic() + 60
+    while not mark.exists():  # the server is inside the probe's import now
+        assert time.monotonic() < deadline, "the server never imported the probe"
+        time.sleep(0.01)
+    pid = int(mark.read_text())
+    os.kill(pid, signal.SIGINT)
+    (tmp_path / "importing.go").touch()
+    from tests.slow_import_probe import ProbeFirstProcess, say
+
+    mine, theirs = mp.get_context("forkserver").Pipe(duplex=False)
+    proc = ProbeFirstProcess(target=say, args=(theirs,))
+    proc.preload = unique
+    start_without_main(proc)
+    theirs.close()
+    assert mine.poll(60) and mine.recv() == "forked"
+    proc.join(10)
+    assert server._forkserver_pid == pid  # the same server: it was not killed and started again
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
