@@ -27,7 +27,7 @@ PACKAGES = ("auturi", "bench")
 # Layers, lowest first: a module may import its own layer and those below, never above.
 # The first matching prefix names a module's layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("auturi._version", "auturi.errors"),
+    ("auturi._version", "auturi.errors", "auturi._forkserver_signals"),
     ("auturi.config", "auturi.envs", "auturi.rollout", "auturi.policy", "auturi.nets", "auturi.resources",
      "auturi.sampling", "auturi.device_wait"),
     ("auturi.executor",),

@@ -13,6 +13,7 @@ Example (find the fastest layout for a workload, then use it):
 
 With SB3: ``model = auturi.wrap(PPO("MlpPolicy", env), config=result.config)``.
 """
+import auturi._forkserver_signals  # noqa: F401 - first: a forkserver importing us ignores Ctrl-C
 from auturi._version import __version__
 from auturi.config import Config
 from auturi.errors import AuturiError, ConfigError, EnvCheckError, WorkerError

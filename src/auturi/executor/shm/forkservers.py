@@ -50,36 +50,12 @@ class _ServerModule:
         return getattr(_fs, name)
 
 
-class _ForkServer(_fs.ForkServer):
-    """The stdlib's server, started ignoring SIGINT. It is in the terminal's process group, so
-    a Ctrl-C reaches it too, and one landing while it imported its preloads (the ``auturi``
-    package, gymnasium, torch: seconds) printed a ``KeyboardInterrupt`` traceback beside the
-    caller's clean "interrupted" and killed the server (2 of 7 timings of ``auturi tune`` at
-    start-up, 2026-11-27). An ignored signal stays ignored through the exec that starts it (a
-    blocked one does not: the stdlib's spawn unblocks it), and its own handler ignores SIGINT
-    once its preloads are in, as the workers it forks do (the caller ends them). Set only for
-    its first start (milliseconds; a Ctrl-C then is dropped, and is pressed again; every later
-    call finds it running), and only from the main thread, the one place a handler can be
-    set: a server started from another thread is as the stdlib starts it."""
-
-    def ensure_running(self) -> None:
-        import signal
-
-        if self._forkserver_pid is not None or threading.current_thread() is not threading.main_thread():
-            return super().ensure_running()
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            return super().ensure_running()
-        finally:
-            signal.signal(signal.SIGINT, old)
-
-
 def _server(preload: tuple[str, ...]) -> _fs.ForkServer:
     """The server preloading ``preload`` (one per distinct list, started on first use)."""
     with _lock:
         server = _servers.get(preload)
         if server is None:
-            server = _servers[preload] = _ForkServer()
+            server = _servers[preload] = _fs.ForkServer()
             server.set_forkserver_preload(list(preload))
         return server
 

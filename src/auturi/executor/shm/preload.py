@@ -25,24 +25,14 @@ import hashlib
 import mmap
 import multiprocessing
 import os
-import signal
 import struct
 import sys
 import warnings
 
+from auturi._forkserver_signals import forkserver_frame
+
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
     os.environ[_var] = "1"
-
-
-def _forkserver_main() -> object | None:
-    """The frame of ``multiprocessing.forkserver.main`` importing us, None when that is not
-    what imports us (never in the user's process)."""
-    frame = sys._getframe()
-    while frame is not None:
-        if frame.f_code.co_name == "main" and frame.f_globals.get("__name__") == "multiprocessing.forkserver":
-            return frame
-        frame = frame.f_back
-    return None
 
 
 def _use_callers_path(frame: object) -> None:
@@ -56,12 +46,8 @@ def _use_callers_path(frame: object) -> None:
         sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
 
 
-_main = _forkserver_main()
+_main = forkserver_frame()  # SIGINT is ignored here already: auturi._forkserver_signals
 if _main is not None:
-    # Before the imports below: a Ctrl-C in the terminal reaches the server too (its process
-    # group), and one landing while it imported gymnasium or torch printed a traceback
-    # beside the caller's clean "interrupted" (2026-11-27, 2 of 6 timings at start-up).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _use_callers_path(_main)
 del _main
 
@@ -116,6 +102,6 @@ def _exit_now(server: int) -> None:
         os._exit(0)
 
 
-if _forkserver_main() is not None:
+if forkserver_frame() is not None:
     warnings.showwarning = _SharedWarnings().showwarning
     atexit.register(_exit_now, os.getpid())
