@@ -140,3 +140,18 @@ def test_without_a_budget_the_trial_cap_bounds_the_confirm_rounds():
     result = Tuner(Only(), cache=False, clock=ex.clock, protocol=protocol).tune(ex, 10)
     confirm = [t for t in result.final if t.source == "confirm"]
     assert sum(t.seconds for t in confirm) <= 2 * 1.0 * 1.5 and all(t.n >= 3 for t in confirm)
+
+
+def test_one_config_and_a_spent_budget_take_no_confirm_rounds():
+    """A budget shorter than one collect: the start (serial here) is the one config measured,
+    and the choice. Its confirm rounds re-measured it 3 more times with nothing to compare
+    (a 1 s budget ran 32 s); they are skipped, its search samples stand. With budget left,
+    or more configs, they run as before."""
+    ex = FakeExecutor(4, lambda c: BASE[c], noise=0.05, seed=1, config=SERIAL)
+    protocol = MeasureProtocol(min_sample_seconds=0.0, max_seconds=None)
+    result = Tuner(Only(), cache=False, clock=ex.clock, protocol=protocol, budget_seconds=1e-3).tune(ex, 10)
+    assert result.choice == SERIAL and not [t for t in result.final if t.source == "confirm"]
+    assert result.choice_trial.source == "start" and result.throughput > 0
+    ex = FakeExecutor(4, lambda c: BASE[c], noise=0.05, seed=1, config=SERIAL)
+    result = Tuner(Only(), cache=False, clock=ex.clock, protocol=protocol, budget_seconds=60).tune(ex, 10)
+    assert [t.n for t in result.final if t.source == "confirm"] == [3]  # time left: measured again

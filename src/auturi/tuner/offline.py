@@ -385,13 +385,18 @@ class Tuner(_Session):
         """``(rounds, samples per round, estimated seconds, collects per sample by config)``
         of the confirm rounds' first part: at least 3 samples each (an interval needs them),
         in as many interleaved rounds, up to 3, as what is left of ``budget_seconds`` allows
-        (one round of 3 samples when even two rounds do not fit: it is never skipped)."""
+        (one round of 3 samples when even two rounds do not fit), but none where the choice,
+        start and serial are one config and the budget is spent: nothing is compared, and a
+        budget shorter than one collect was overrun 32-fold by re-measuring the one config
+        measured (2026-11-27); its search samples stand."""
         if self.confirm_rounds <= 0:
             return 0, 0, 0.0, {}
         configs = list(dict.fromkeys(configs))
         collects = {c: self._collects_per_sample(c) for c in configs}
         left = math.inf if self.budget_seconds is None or self.t0 is None else \
             self.t0 + self.budget_seconds - self.clock()
+        if len(configs) == 1 and left <= 0:
+            return 0, 0, 0.0, {}
         for rounds in range(min(self.confirm_rounds, MIN_INTERVAL_SAMPLES), 0, -1):
             per = -(-MIN_INTERVAL_SAMPLES // rounds)
             cost = rounds * sum(self._visit_cost(c, per, collects[c]) for c in configs)
