@@ -85,3 +85,17 @@ def test_a_raw_atari_id_names_the_factory_of_the_frames_agents_train_on():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not an Atari id: no warning
         _builtin_for("CartPole-v1", "auto")
+
+
+def test_an_env_that_fails_in_the_serial_layout_is_named_as_the_envs_fault():
+    """The layout-skipping advice (a space without such layouts, --backend serial) does not
+    apply when the serial layout itself failed: the env fails whatever the layout."""
+    import functools
+
+    from auturi.envs.testing import FaultyEnv
+    from auturi.tuner.result import TuneError
+
+    with pytest.raises(TuneError, match=r"That is the serial layout.*the env itself fails") as info:
+        auturi.tune(functools.partial(FaultyEnv, fail_step=5), policy=auturi.RandomPolicy(gym.spaces.Discrete(3)),
+                    num_envs=2, num_steps=8, budget_trials=2, backend="serial", cache=False)
+    assert info.value.env_fails and "build_space" not in str(info.value)

@@ -215,7 +215,7 @@ def _run(fn: Callable[[], None], debug: bool) -> None:
         from auturi.errors import WorkerError
 
         hint = "" if debug else " (run with --debug for the traceback)"
-        if isinstance(e, WorkerError) or type(e).__name__ == "TuneError":
+        if (isinstance(e, WorkerError) or type(e).__name__ == "TuneError") and not getattr(e, "env_fails", False):
             hint += "; to find which layout fails, try --backend serial or --strategy grid"
         err.print(f"auturi: error: {type(e).__name__}: {one_line(str(e), 2)}{hint}", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_FAILED) from None

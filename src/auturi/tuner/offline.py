@@ -149,6 +149,11 @@ class Tuner(_Session):
         self._emit("trial_end", t, t.estimate if t.ok else None, str(t))
         if t.status == "failed":
             self.phase = "failed"
+            if config == serial_baseline(config):  # no layout to skip: the env fails on its own
+                raise TuneError(f"tuning stopped: {config} failed ({t.error}). That is the serial layout (every "
+                                f"env in this process): the env itself fails, whatever the layout; fix it (its "
+                                f"traceback is this error's cause).", list(self.history),
+                                env_fails=True) from t.exception
             raise TuneError(f"tuning stopped: {config} failed ({t.error}). The executor closed itself; make a "
                             f"new one. To skip such layouts, pass a space without them "
                             f"(build_space(...) and filter its configs).", list(self.history)) from t.exception

@@ -20,11 +20,13 @@ Callback = Callable[["TunerEvent"], None]
 
 class TuneError(AuturiError):
     """Tuning stopped because a config failed to run (the executor has closed itself).
-    ``trials`` holds every trial up to and including the failed one."""
+    ``trials`` holds every trial up to and including the failed one; ``env_fails``: the
+    serial config failed, so no layout can be skipped around it (the env itself fails)."""
 
-    def __init__(self, message: str, trials: list[Trial]):
+    def __init__(self, message: str, trials: list[Trial], env_fails: bool = False):
         super().__init__(message)
         self.trials = trials
+        self.env_fails = env_fails
 
 
 @dataclass
