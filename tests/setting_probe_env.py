@@ -21,3 +21,10 @@ class BonusEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 1.0 + self.bonus, False, False, {}
+
+
+ID = "AuturiSettingProbe-v0"
+"""Registered at import (processes that never ran the test import this module by the id's
+``tests.setting_probe_env:`` prefix)."""
+if ID not in gym.registry:
+    gym.register(ID, entry_point="tests.setting_probe_env:BonusEnv", max_episode_steps=50)

@@ -684,14 +684,36 @@ def test_a_setting_the_script_made_at_run_time_reaches_the_envs_workers_make(mon
     from tests import setting_probe_env
 
     monkeypatch.setitem(setting_probe_env.SETTINGS, "bonus", 1.0)
-    gym.register("AuturiSettingProbe-v0", entry_point="tests.setting_probe_env:BonusEnv", max_episode_steps=50)
+    model = ppo(make_vec_env(setting_probe_env.ID, n_envs=2, seed=0))
+    auturi.wrap(model, config=auturi.Config(1, 2, 2, 1, "cpu", 2))  # env 1 in an env worker
     try:
-        model = ppo(make_vec_env("AuturiSettingProbe-v0", n_envs=2, seed=0))
-        auturi.wrap(model, config=auturi.Config(1, 2, 2, 1, "cpu", 2))  # env 1 in an env worker
-        try:
-            model.learn(2 * N_STEPS)
-            assert set(model.rollout_buffer.rewards.ravel().tolist()) == {2.0}
-        finally:
-            model.auturi.close()
+        model.learn(2 * N_STEPS)
+        assert set(model.rollout_buffer.rewards.ravel().tolist()) == {2.0}
     finally:
-        gym.registry.pop("AuturiSettingProbe-v0", None)
+        model.auturi.close()
+
+
+def test_a_subproc_vec_envs_envs_are_the_truth_for_a_setting_its_workers_lack(monkeypatch):
+    """A SubprocVecEnv's workers ran none of this process's run-time setting: plain SB3
+    trains on their envs (reward 1.0). Auturi made its envs from the id in this process (the
+    serial layout: 2.0) and in its workers (1.0); the wrap now compares the live envs'
+    settings with those and copies the live envs where they differ."""
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from tests import setting_probe_env
+
+    monkeypatch.setitem(setting_probe_env.SETTINGS, "bonus", 1.0)
+    env = make_vec_env(f"tests.setting_probe_env:{setting_probe_env.ID}", n_envs=2, seed=0,
+                       vec_env_cls=SubprocVecEnv)
+    try:
+        assert env.get_attr("bonus") == [0.0, 0.0]  # what SB3 trains on
+        for config in (auturi.Config.serial(2), auturi.Config(1, 2, 2, 1, "cpu", 2)):
+            model = ppo(env)
+            auturi.wrap(model, config=config)
+            try:
+                model.learn(2 * N_STEPS)
+                assert set(model.rollout_buffer.rewards.ravel().tolist()) == {1.0}, config
+            finally:
+                model.auturi.close()
+    finally:
+        env.close()

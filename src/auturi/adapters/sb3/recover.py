@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from auturi.adapters.sb3.envs import ENV_FN_HINT, EnvFactory, EnvRebuildError
-from auturi.adapters.sb3.spec_recipe import spec_recipe
+from auturi.adapters.sb3.spec_recipe import _scalars, made_otherwise, spec_recipe
 
 
 def _atari_kwargs(chain: list[gym.Env]) -> dict[str, Any]:
@@ -218,8 +218,9 @@ class _RecipeProbe:
     It never raises: SB3's worker catches only ``EOFError``, so an exception would end the
     user's worker process. A failure is answered as ``("error", type name, message)``."""
 
-    def __init__(self, where: str):
+    def __init__(self, where: str, copy_base: str | None = None):
         self.where = where
+        self.copy_base = copy_base  # why the caller asks for the live base env itself, pickled
 
     def __call__(self) -> tuple:
         env = None
@@ -227,7 +228,13 @@ class _RecipeProbe:
             env = self._holder()
             import cloudpickle
 
-            return ("ok", cloudpickle.dumps(_recipe_from_env(env, self.where)))
+            if self.copy_base is not None:  # the second round (see _copy_where_made_otherwise)
+                return ("ok", cloudpickle.dumps(_pickled(env.unwrapped, self.where, self.copy_base)))
+            recipe = _recipe_from_env(env, self.where)
+            # A base made from an id: its settings, for the caller to compare with envs made
+            # from the id where Auturi makes them (this process ran the script's top level).
+            live = _scalars(env.unwrapped) if recipe.base[0] == "make" else None
+            return ("ok", cloudpickle.dumps(recipe), live)
         except Exception as exc:  # noqa: BLE001 - answered, see the class doc
             return ("error", type(exc).__name__, str(exc))
         finally:
@@ -278,7 +285,7 @@ def _factories_from_workers(venv: Any) -> list[EnvFactory]:
     except (EOFError, OSError) as exc:  # a worker is gone: SB3's pipe to it broke
         raise EnvRebuildError(f"a worker process of {what} is gone ({type(exc).__name__}: {exc}), so its env "
                               f"cannot be read; {ENV_FN_HINT}") from exc
-    out = []
+    out, live = [], []
     for i, reply in enumerate(replies):
         if reply[0] == "error":
             kind, message = reply[1], reply[2]
@@ -293,7 +300,40 @@ def _factories_from_workers(venv: Any) -> list[EnvFactory]:
         except Exception as exc:
             raise EnvRebuildError(f"env {i} of {what}: its recipe, made in its worker process, cannot be loaded in "
                                   f"this one ({type(exc).__name__}: {exc}); {ENV_FN_HINT}") from exc
+        live.append(reply[2] if len(reply) > 2 else None)
+    _copy_where_made_otherwise(venv, out, live, what)
     return out
+
+
+def _copy_where_made_otherwise(venv: Any, factories: list[EnvFactory], live: list, what: str) -> None:
+    """Replace a ``("make", spec)`` base by a pickled copy of the live env where the id makes
+    the env otherwise in this process or in a process like Auturi's workers
+    (:func:`~auturi.adapters.sb3.spec_recipe.made_otherwise`): a setting the training script
+    made at run time, read by the env's constructor. SB3's workers are the envs' truth (plain
+    SB3 trains on them); Auturi makes its envs in this process (the serial layout) and in its
+    workers, which run none of the script. Found 2026-11-27: the layout changed the rewards.
+    A copy that cannot be made keeps the id, with a warning (as for a ``DummyVecEnv``)."""
+    import warnings
+
+    import cloudpickle
+
+    for i, (factory, scalars) in enumerate(zip(factories, live)):
+        if not scalars or factory.base[0] != "make":
+            continue
+        changed = made_otherwise(factory.base[1], scalars)
+        if not changed:
+            continue
+        where = f"env {i} of {what}"
+        why = (f"is made otherwise by gym.make({factory.base[1].id!r}) outside its worker process ("
+               + ", ".join(f"{k}={a!r} there, {b!r} elsewhere" for k, (a, b) in sorted(changed.items())) + ")")
+        type(venv).set_attr(venv, PROBE_ATTR, _RecipeProbe(where, copy_base=why), indices=[i])
+        reply = type(venv).env_method(venv, PROBE_ATTR, indices=[i])[0]
+        if reply[0] == "ok":
+            factory.base = cloudpickle.loads(reply[1])
+        else:
+            warnings.warn(f"{where}: the env {why}, and it cannot be copied ({reply[1]}: {reply[2]}). Auturi's "
+                          f"envs are made from its id; pass such settings to gym.make (make_vec_env(..., "
+                          f"env_kwargs=...)) or use env_fn=", UserWarning, stacklevel=3)
 
 
 def split_vec_wrappers(venv: Any) -> tuple[Any, list[tuple], Any]:

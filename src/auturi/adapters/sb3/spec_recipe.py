@@ -137,6 +137,32 @@ def elsewhere_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
             if k in live and k in other and k not in moving and same_value(live[k], v) and not same_value(v, other[k])}
 
 
+def made_otherwise(spec: Any, live: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{attribute: (live value, value as made)}`` for the settings of a live env (``live``,
+    its scalars, read in another process: an SB3 ``SubprocVecEnv`` worker's) that an env fresh
+    from ``spec`` has otherwise in this process or in a process like Auturi's env workers
+    (:func:`_made_elsewhere`). Only for an env module of the user's own (an installed
+    package's envs hold no script's settings); attributes that reset and steps move do not
+    count (one a constructor draws at random does: the live env is then copied, which is what
+    SB3 trains on anyway)."""
+    if _user_module(spec) is None:
+        return {}
+    profile = _profile(spec)
+    if profile is None:
+        return {}
+    initial, moving = profile
+    other = _made_elsewhere(spec) or {}
+    out = {}
+    for k, v in live.items():
+        if k in moving or k not in initial:
+            continue
+        for made in (initial[k], other.get(k, v)):
+            if not same_value(v, made):
+                out[k] = (v, made)
+                break
+    return out
+
+
 _ELSEWHERE: dict[tuple, dict[str, Any] | None] = {}  # spec key -> scalars made in a fresh env worker
 
 
