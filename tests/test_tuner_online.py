@@ -1051,4 +1051,4 @@ def test_a_layout_whose_workers_fail_names_the_move_and_how_to_train_without_it(
     e = info.value
     assert e.worker == "env worker 1 of actor 0 (envs 4-7)" and e.traceback == "Traceback: ..."
     assert f"moving from {Config.serial(N)} to {FAST}" in e.reason
-    assert "auturi.wrap(..., config=auturi.Config(1, 8, 1, 1, 'cpu', 8))" in e.reason and "tune=False" in e.reason
+    assert f"auturi.wrap(..., config=auturi.{Config.serial(N)!r})" in e.reason and "tune=False" in e.reason

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy as copy_module
 import functools
 import io
+import pickle
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -229,8 +230,11 @@ def _ale_env_class() -> Any:
 
 def _atari_reduce(env: Any) -> Any:
     """The reduction of an ``AtariEnv`` with its state (see :func:`dumps_env`); None when this
-    ale-py cannot clone its state, or a continuous env repeats actions (its plain pickle then
-    applies, and the probe recreates it: :func:`_atari_whole`)."""
+    ale-py cannot clone its state, or a continuous env repeats actions (the env then does not
+    pickle for a move: its plain pickle would restart the game, which the probe's one step may
+    not tell, as Pong's first frames are alike; it is recreated instead)."""
+    if getattr(env, "continuous", False) and _sticky(env):
+        return None  # its repeated action holds a paddle strength the search does not try
     try:
         state = env.ale.cloneState(include_rng=True)
         last = _sticky_action(env, state) if _sticky(env) else None
@@ -247,21 +251,6 @@ def _rebuild_atari(cls: type, args: tuple, kwargs: dict, state: Any, extra: dict
         _prime(env.ale, last, state)
     vars(env).update(extra)
     return env
-
-
-def _atari_whole(env: Any) -> bool | None:
-    """None when ``env`` (under any wrappers) is no ale-py ``AtariEnv``; else whether a move
-    carries all of its state (:func:`_atari_reduce` has a reduction for it)."""
-    atari = _ale_env_class()
-    inner = getattr(env, "unwrapped", None)
-    if atari is None or not isinstance(inner, atari):
-        return None
-    if not hasattr(inner, "_ezpickle_args") or (getattr(inner, "continuous", False) and _sticky(inner)):
-        return False
-    # Where the reduction fails (an ale-py without cloneState, say), the plain pickle remakes
-    # the game from its start, and the probe's one step may not tell (Pong's first frames
-    # are alike).
-    return _atari_reduce(inner) is not None
 
 
 def _sticky(env: Any) -> bool:
@@ -341,8 +330,9 @@ def _pickler_class() -> type:
             atari = _ale_env_class()
             if atari is not None and isinstance(obj, atari) and hasattr(obj, "_ezpickle_args"):
                 reduced = _atari_reduce(obj)
-                if reduced is not None:
-                    return reduced
+                if reduced is None:
+                    raise pickle.PicklingError(f"{type(obj).__name__}: its emulator's state cannot be carried")
+                return reduced
             return super().reducer_override(obj)
 
     return EnvPickler
@@ -381,14 +371,8 @@ def travels_with_state(env: Any, seed: int = 0) -> bool:
     copy made mid-episode starts from the initial pose, not the env's; moved that way, an
     episode jumped to another state without a reset (HalfCheetah-v5: observations 5.7 apart,
     found 2026-11-26). Such an env is recreated instead: its episode restarts, as any env's
-    that cannot be pickled. An env that fails here is not movable; its first collect says why.
-
-    An ale-py env whose state :func:`dumps_env` cannot carry whole (its emulator cannot clone
-    its state, or a continuous-action env with sticky actions) is not movable, whatever the
-    probe's steps show: Pong's first frames are alike, so a copy that restarted the game
-    could pass one step."""
-    if _atari_whole(env) is False:
-        return False
+    that cannot be pickled (an ale-py env whose state :func:`dumps_env` cannot carry whole
+    among them). An env that fails here is not movable; its first collect says why."""
     try:
         space = copy_module.deepcopy(env.action_space)
         space.seed(seed)

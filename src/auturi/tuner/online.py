@@ -52,11 +52,6 @@ from auturi.tuner.strategies import Strategy
 
 
 
-def _ctor(config: Config) -> str:
-    """``config`` as ``auturi.Config``'s arguments, for a message to paste from."""
-    return (f"{config.num_actors}, {config.envs_per_actor}, {config.env_parallel_degree}, "
-            f"{config.policies_per_actor}, {config.policy_device!r}, {config.policy_batch_size}")
-
 class OnlineTuner(_Session):
     """Tunes inside training: each :meth:`collect` is one real collect that the learner
     gets back, and also one sample for the trial of the config it ran under.
@@ -277,7 +272,7 @@ class OnlineTuner(_Session):
         except WorkerError as e:
             hint = (f"; the online tuner was moving from {before} to {config} to measure it. To train without "
                     f"such layouts, fix the env or pass a fixed layout that ran: auturi.wrap(..., config="
-                    f"auturi.Config({_ctor(before)})), or tune=False")
+                    f"auturi.{before!r}), or tune=False")
             raise type(e)(e.worker, e.reason + hint, e.traceback, e.config, e.stack) from e
         self.search_cost += secs
         return secs, info

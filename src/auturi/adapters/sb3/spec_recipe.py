@@ -17,9 +17,10 @@ F5; the third 2026-11-27):
   copied, as an instance is;
 - the constructor reads a setting the script made at run time (a module global set from its
   arguments): Auturi's workers run none of the script, so they made the env with the
-  module's import-time value. :func:`elsewhere_drift` makes one env in a process started
+  module's import-time value. :func:`made_otherwise` makes one env in a process started
   as the workers are, where the env's module is the user's own, and the live env is copied
-  where its settings differ.
+  where its settings differ (for a ``SubprocVecEnv`` the live settings come from SB3's
+  workers: :mod:`.recover`).
 
 The live env may also have been reset and stepped (a ``learn`` before ``wrap``), which moves
 its state attributes. A change is therefore only a scalar attribute of the unwrapped env that
@@ -59,8 +60,8 @@ def spec_recipe(base: gym.Env, spec: Any, where: str, copy: Callable[[gym.Env, s
     keeps the changes; else ``("make", ...)`` with a warning naming them and the fix."""
     changed = config_drift(base, spec)
     why = f"was changed after gym.make({spec.id!r})"
-    if not changed:
-        changed = elsewhere_drift(base, spec)
+    if not changed:  # then the live env is as made here: what differs is made elsewhere
+        changed = made_otherwise(spec, _scalars(base))
         why = (f"is made otherwise by gym.make({spec.id!r}) in a process that ran none of the training script, as "
                f"Auturi's workers run none of it (a setting the script made at run time, read by the env's constructor)")
     if not changed:
@@ -118,30 +119,14 @@ def config_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
     return {k: (live[k], v) for k, v in initial.items() if k in live and k not in moving and not same_value(live[k], v)}
 
 
-def elsewhere_drift(base: gym.Env, spec: Any) -> dict[str, tuple[Any, Any]]:
-    """``{attribute: (live value, value as made elsewhere)}`` for the settings of ``base`` that
-    an env fresh from ``spec`` has otherwise when made in a process like Auturi's env workers
-    (:func:`_made_elsewhere`), though not when made here. Found 2026-11-27: a script that sets
-    ``my_envs.SETTINGS["bonus"] = 1.0`` from its arguments, with ``MyEnv-v0``'s constructor
-    reading it, trained on rewards 2.0 in the serial layout and 1.0 in env workers, with no
-    sign of it. Empty when none differ, or the check does not apply or cannot run."""
-    profile = _profile(spec)
-    if profile is None:
-        return {}
-    initial, moving = profile
-    other = _made_elsewhere(spec)
-    if not other:
-        return {}
-    live = _scalars(base)
-    return {k: (live[k], other[k]) for k, v in initial.items()
-            if k in live and k in other and k not in moving and same_value(live[k], v) and not same_value(v, other[k])}
-
-
 def made_otherwise(spec: Any, live: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{attribute: (live value, value as made)}`` for the settings of a live env (``live``,
     its scalars, read in another process: an SB3 ``SubprocVecEnv`` worker's) that an env fresh
     from ``spec`` has otherwise in this process or in a process like Auturi's env workers
-    (:func:`_made_elsewhere`). Only for an env module of the user's own (an installed
+    (:func:`_made_elsewhere`). Found 2026-11-27: a script that sets ``my_envs.SETTINGS["bonus"]
+    = 1.0`` from its arguments, with ``MyEnv-v0``'s constructor reading it, trained on rewards
+    2.0 in the serial layout and 1.0 in env workers, with no sign of it. Only for an env module
+    of the user's own (an installed
     package's envs hold no script's settings); attributes that reset and steps move do not
     count (one a constructor draws at random does: the live env is then copied, which is what
     SB3 trains on anyway)."""
@@ -177,7 +162,9 @@ def _made_elsewhere(spec: Any) -> dict[str, Any] | None:
     module = _user_module(spec)
     if module is None or mp.current_process().daemon or "forkserver" not in mp.get_all_start_methods():
         return None
-    key = (spec.id, repr(sorted(spec.kwargs.items())), repr(spec.entry_point))
+    key = _spec_key(spec)
+    if key is None:
+        return None
     if key in _ELSEWHERE:
         return _ELSEWHERE[key]
     from auturi.executor.base import resolve_worker_timeout
@@ -222,6 +209,15 @@ def _send_fresh_scalars(spec: Any, conn: Any) -> None:
             except Exception:  # noqa: BLE001
                 pass
         conn.close()
+
+
+def _spec_key(spec: Any) -> tuple | None:
+    """What the caches of :func:`_profile` and :func:`_made_elsewhere` key a spec by (None:
+    a spec that cannot say)."""
+    try:
+        return spec.id, repr(sorted(spec.kwargs.items())), repr(spec.entry_point)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _user_module(spec: Any) -> str | None:
@@ -271,9 +267,8 @@ def _profile(spec: Any) -> tuple[dict[str, Any], frozenset] | None:
     """The scalars of an env fresh from ``spec`` and those its reset and steps move; ``None``
     when the fresh env cannot be made or stepped (then nothing is reported: this is a check,
     never a reason to fail a wrap)."""
-    try:
-        key = (spec.id, repr(sorted(spec.kwargs.items())), repr(spec.entry_point))
-    except Exception:  # noqa: BLE001
+    key = _spec_key(spec)
+    if key is None:
         return None
     if key in _PROFILES:
         return _PROFILES[key]
